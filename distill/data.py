@@ -1,0 +1,457 @@
+"""Datasets -> chat-templated, tokenized examples with response-only loss masks.
+
+Prompts come from a Hub dataset or a local file through an adapter (GSM8K, MMLU, CNN/DailyMail,
+chat `messages`, prompt/response columns). Responses come from the dataset or, for
+sequence-level KD, from the target itself: generated once, cached as JSONL, resumable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from distill.recipe import DataSpec
+
+IGNORE_INDEX = -100
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+Messages = list[dict[str, str]]
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def _user(text: str) -> Messages:
+    return [{"role": "user", "content": text}]
+
+
+def _gsm8k(row: dict) -> tuple[Messages, str | None]:
+    return _user(row["question"]), row["answer"]
+
+
+def _mmlu(row: dict) -> tuple[Messages, str | None]:
+    letters = "ABCDEFGHIJ"
+    choices = list(row["choices"])
+    if len(choices) > len(letters):
+        raise ValueError(f"mmlu row has {len(choices)} choices; at most {len(letters)} are supported")
+    answer = row["answer"]
+    if isinstance(answer, str) and answer in letters[: len(choices)]:
+        answer = letters.index(answer)
+    if not isinstance(answer, int) or not 0 <= answer < len(choices):
+        raise ValueError(f"mmlu answer must be a choice index or letter, got {answer!r} for {len(choices)} choices")
+    options = "\n".join(f"{letters[i]}. {c}" for i, c in enumerate(choices))
+    prompt = f"{row['question']}\n\n{options}\n\nAnswer with the letter of the correct option."
+    return _user(prompt), f"The answer is {letters[answer]}."
+
+
+def _cnndm(row: dict) -> tuple[Messages, str | None]:
+    return _user(f"Summarize the following article.\n\n{row['article']}"), row["highlights"]
+
+
+def _messages(row: dict) -> tuple[Messages, str | None]:
+    messages = row["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"'messages' must be a non-empty list of {{role, content}} turns, got {messages!r}")
+    for turn in messages:
+        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) or not isinstance(turn.get("content"), str):
+            raise ValueError(f"each turn in 'messages' needs string 'role' and 'content', got {turn!r}")
+    turns = [{"role": t["role"], "content": t["content"]} for t in messages]
+    if turns[-1]["role"] == "assistant":
+        if len(turns) == 1:
+            raise ValueError("a 'messages' row holds only an assistant turn: there is no prompt")
+        return turns[:-1], turns[-1]["content"]
+    return turns, None
+
+
+def _prompt_response(row: dict) -> tuple[Messages, str | None]:
+    return _user(row["prompt"]), row.get("response")
+
+
+# name -> (columns that must be present, row function). Auto-detection tries them in this order
+# (mmlu before gsm8k: both have question/answer).
+ADAPTERS: dict[str, tuple[tuple[str, ...], Callable[[dict], tuple[Messages, str | None]]]] = {
+    "messages": (("messages",), _messages),
+    "mmlu": (("question", "choices", "answer"), _mmlu),
+    "gsm8k": (("question", "answer"), _gsm8k),
+    "cnndm": (("article", "highlights"), _cnndm),
+    "prompt_response": (("prompt",), _prompt_response),
+}
+
+
+def detect_adapter(columns: Iterable[str]) -> str:
+    """The first adapter whose required columns are all present; a ValueError listing the columns if none fits."""
+    columns = list(columns)
+    for name, (required, _) in ADAPTERS.items():
+        if set(required) <= set(columns):
+            return name
+    expected = "; ".join(f"{name}: {', '.join(req)}" for name, (req, _) in ADAPTERS.items())
+    raise ValueError(
+        f"cannot tell which adapter fits a dataset with columns {columns}. Expected columns per adapter: "
+        f"{expected} (prompt_response also reads an optional 'response'). Rename the columns or set data.adapter."
+    )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _load_rows(dataset: str, split: str, subset: str | None):
+    """A `datasets.Dataset` from a Hub id or a local .jsonl/.json/.parquet file."""
+    from datasets import load_dataset
+
+    suffix = Path(dataset).suffix.lower()
+    if suffix in LOCAL_FORMATS:
+        if not os.path.isfile(dataset):
+            raise FileNotFoundError(f"dataset file not found: {dataset}")
+        if split != "train":
+            raise ValueError(
+                f"a local file has a single split, 'train'; got split={split!r} for {dataset}. "
+                "Point the dataset (or data.eval_split) at another file instead."
+            )
+        return load_dataset(LOCAL_FORMATS[suffix], data_files={"train": dataset}, split="train")
+    if os.path.isfile(dataset):
+        raise ValueError(f"unsupported dataset file {dataset}: use one of {', '.join(LOCAL_FORMATS)}")
+    return load_dataset(dataset, subset, split=split)
+
+
+def load_examples(
+    dataset: str,
+    adapter: str | None = None,
+    split: str = "train",
+    num_samples: int | None = None,
+    seed: int = 0,
+    subset: str | None = None,
+) -> list[dict]:
+    """Prompt/response examples `{"messages": [...], "response": str | None}` from a dataset.
+
+    `num_samples` draws that many rows at random (seeded); None keeps every row in order."""
+    rows = _load_rows(dataset, split, subset)
+    if adapter is None:
+        adapter = detect_adapter(rows.column_names)
+    if adapter not in ADAPTERS:
+        raise ValueError(f"unknown adapter {adapter!r}; choose one of {', '.join(ADAPTERS)}")
+    required, to_example = ADAPTERS[adapter]
+    missing = [c for c in required if c not in rows.column_names]
+    if missing:
+        raise ValueError(f"adapter {adapter!r} needs columns {missing}, but {dataset} has {rows.column_names}")
+    if num_samples is not None and num_samples < len(rows):
+        rows = rows.shuffle(seed=seed).select(range(num_samples))
+    examples = []
+    for row in rows:
+        messages, response = to_example(row)
+        examples.append({"messages": messages, "response": response})
+    return examples
+
+
+# --------------------------------------------------------------------------- tokenization
+
+
+def _prompt_ids(tokenizer, messages: Messages) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+
+
+def tokenize_example(tokenizer, messages: Messages, response: str, max_prompt_length: int, max_length: int) -> dict:
+    """Chat-templated prompt + response + EOS, with labels -100 on the prompt so only the response is learnt.
+
+    The prompt keeps its last `max_prompt_length` tokens (the end is what the response follows);
+    the whole sequence is then cut to `max_length`."""
+    if response is None:
+        raise ValueError("example has no response: use data.response_source: target to generate one")
+    if max_prompt_length >= max_length:
+        raise ValueError(f"max_prompt_length ({max_prompt_length}) must be < max_length ({max_length})")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token; the response could never end")
+    prompt = _prompt_ids(tokenizer, messages)[-max_prompt_length:]
+    answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    answer = answer[: max_length - len(prompt)]
+    input_ids = prompt + answer
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [1] * len(input_ids),
+        "labels": [IGNORE_INDEX] * len(prompt) + answer,
+    }
+
+
+@dataclass
+class DataCollatorForDistill:
+    """Right-pads `input_ids` (pad token), `attention_mask` (0) and `labels` (-100) into tensors.
+
+    Other keys are stacked as they are (e.g. an example index), so they must be scalars or equal-length lists."""
+
+    tokenizer: Any
+
+    def __call__(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            raise ValueError("the tokenizer has no pad_token; set tokenizer.pad_token (Qwen2.5 uses <|endoftext|>)")
+        length = max(len(f["input_ids"]) for f in features)
+        pads = {"input_ids": pad_id, "attention_mask": 0, "labels": IGNORE_INDEX}
+        batch = {
+            key: torch.tensor([list(f[key]) + [value] * (length - len(f[key])) for f in features], dtype=torch.long)
+            for key, value in pads.items()
+        }
+        for key in features[0].keys() - pads.keys():
+            batch[key] = torch.tensor([f[key] for f in features])
+        return batch
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 of the vocabulary (token -> id) and the special tokens: equal iff ids mean the same text."""
+    payload = {
+        "vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
+        "special": {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
+        "all_special": sorted(map(str, tokenizer.all_special_tokens)),
+    }
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def check_tokenizers_agree(tok_a, tok_b, names: tuple[str, str] = ("target", "draft")) -> None:
+    """Raise a ValueError saying which tokens differ unless the two tokenizers map ids to the same tokens.
+
+    Embedding padding (152,064 vs 151,936 rows) is not a difference: only the tokenizers are compared."""
+    if tokenizer_fingerprint(tok_a) == tokenizer_fingerprint(tok_b):
+        return
+    a, b = tok_a.get_vocab(), tok_b.get_vocab()
+    problems = []
+    only_a, only_b = sorted(a.keys() - b.keys(), key=a.get), sorted(b.keys() - a.keys(), key=b.get)
+    moved = sorted((t for t in a.keys() & b.keys() if a[t] != b[t]), key=a.get)
+    if only_a:
+        problems.append(f"{len(only_a)} tokens only in the {names[0]}'s ({only_a[:5]})")
+    if only_b:
+        problems.append(f"{len(only_b)} tokens only in the {names[1]}'s ({only_b[:5]})")
+    if moved:
+        problems.append(f"{len(moved)} tokens with different ids (e.g. {[(t, a[t], b[t]) for t in moved[:5]]})")
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        va, vb = getattr(tok_a, name, None), getattr(tok_b, name, None)
+        if va != vb:
+            problems.append(f"{name} {va!r} vs {vb!r}")
+    sa, sb = set(map(str, tok_a.all_special_tokens)), set(map(str, tok_b.all_special_tokens))
+    if sa != sb:
+        problems.append(f"special tokens {sorted(sa - sb)} vs {sorted(sb - sa)}")
+    raise ValueError(
+        f"the {names[0]} and {names[1]} tokenizers differ: {'; '.join(problems)}. "
+        "Distillation and speculative decoding need one shared tokenizer (e.g. two models of the Qwen2.5 family)."
+    )
+
+
+# --------------------------------------------------------------------------- sequence-level KD
+
+
+def _key(messages: Messages) -> str:
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _read_records(path: Path) -> dict[str, dict]:
+    """key -> record from a generations JSONL; a torn last line (a crash mid-write) is skipped."""
+    records = {}
+    if not path.exists():
+        return records
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            records[rec["key"]] = rec
+    return records
+
+
+def _manifest(model, tokenizer, settings: dict) -> dict:
+    import transformers
+
+    from distill import __version__
+
+    return {
+        "model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
+        "model_revision": getattr(model.config, "_commit_hash", None),
+        "model_dtype": str(model.dtype),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest(),
+        "generation": settings,
+        "versions": {"distill": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
+    """Refuse to extend a cache made by another model, tokenizer or generation setting."""
+    if not path.exists():
+        if cache_path.exists() or Path(f"{cache_path}.partial").exists():
+            raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache or choose another path")
+        _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+        return
+    old = json.loads(path.read_text(encoding="utf-8"))
+    diffs = [f"{k}: cached {old.get(k)!r}, now {manifest[k]!r}" for k in manifest if k != "versions" and old.get(k) != manifest[k]]
+    if diffs:
+        raise ValueError(
+            f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}). "
+            "Delete it (and its .manifest.json) or set data.generation_cache to a new path."
+        )
+
+
+def _generation_kwargs(tokenizer, model, max_new_tokens: int, do_sample: bool, temperature: float) -> dict:
+    """Explicit settings, so the model's own generation_config (Qwen2.5-Instruct samples with
+    repetition_penalty 1.05) cannot change what "greedy" means."""
+    eos = model.generation_config.eos_token_id
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": do_sample,
+        "repetition_penalty": 1.0,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": eos if eos is not None else tokenizer.eos_token_id,
+    }
+    if do_sample:
+        kwargs |= {"temperature": temperature, "top_p": 1.0, "top_k": 0}
+    return kwargs
+
+
+def generate_responses(
+    model,
+    tokenizer,
+    examples: Sequence[dict],
+    max_new_tokens: int,
+    cache_path: str | os.PathLike,
+    batch_size: int = 8,
+    max_prompt_length: int | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> list[dict]:
+    """Sequence-level KD: the target answers every prompt once (greedy unless `do_sample`), cached at `cache_path`.
+
+    Finished batches are appended to `<cache_path>.partial`, so a rerun skips what is done; the
+    complete JSONL (one chat `messages` line per prompt, the generation as the last turn, readable
+    by the `messages` adapter) is written atomically, and `<cache_path>.manifest.json` pins model,
+    tokenizer and settings. In a distributed run call it on the main process first."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad_token, needed to batch prompts; set tokenizer.pad_token")
+    cache_path = Path(cache_path)
+    partial = Path(f"{cache_path}.partial")
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "max_prompt_length": max_prompt_length,
+        "do_sample": do_sample,
+        "temperature": temperature if do_sample else None,
+        "seed": seed if do_sample else None,
+    }
+    _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
+    records = _read_records(cache_path) | _read_records(partial)
+    todo = {}
+    for ex in examples:
+        key = _key(ex["messages"])
+        if key not in records:
+            todo[key] = ex["messages"]
+    if todo:
+        ids = {key: _prompt_ids(tokenizer, messages) for key, messages in todo.items()}
+        if max_prompt_length is not None:
+            ids = {key: prompt[-max_prompt_length:] for key, prompt in ids.items()}
+        order = sorted(todo, key=lambda k: len(ids[k]), reverse=True)  # similar lengths share a batch
+        kwargs = _generation_kwargs(tokenizer, model, max_new_tokens, do_sample, temperature)
+        model.eval()
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "a", encoding="utf-8") as out, tqdm(total=len(order), desc="seq-KD generation", unit="prompt") as bar:
+            for start in range(0, len(order), batch_size):
+                keys = order[start : start + batch_size]
+                width = max(len(ids[k]) for k in keys)
+                input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids[k])) + ids[k] for k in keys])
+                attention_mask = torch.tensor([[0] * (width - len(ids[k])) + [1] * len(ids[k]) for k in keys])
+                if do_sample:
+                    torch.manual_seed(seed + start)
+                with torch.inference_mode():
+                    sequences = model.generate(
+                        input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), **kwargs
+                    )
+                texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
+                for key, text in zip(keys, texts):
+                    records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}]}
+                    out.write(json.dumps(records[key], ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                bar.update(len(keys))
+    if todo or partial.exists() or not cache_path.exists():
+        _write_atomic(cache_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()))
+        partial.unlink(missing_ok=True)
+    return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target) -> list[dict]:
+    if spec.response_source == "target":
+        if target is None:
+            raise ValueError("data.response_source is 'target': pass the target model to generate the responses")
+        if not spec.generation_cache:
+            raise ValueError("data.response_source is 'target': set data.generation_cache to a .jsonl path")
+        return generate_responses(
+            target,
+            tokenizer,
+            examples,
+            spec.generation_max_new_tokens,
+            spec.generation_cache,
+            batch_size=spec.generation_batch_size,
+            max_prompt_length=spec.max_prompt_length,
+        )
+    missing = sum(ex["response"] is None for ex in examples)
+    if missing:
+        raise ValueError(
+            f"{missing} of {len(examples)} examples have no response in the dataset; "
+            "set data.response_source: target to have the target generate them"
+        )
+    return examples
+
+
+def _tokenized(examples: list[dict], spec: DataSpec, tokenizer):
+    from datasets import Dataset
+
+    rows = [
+        tokenize_example(tokenizer, ex["messages"], ex["response"], spec.max_prompt_length, spec.max_length)
+        for ex in tqdm(examples, desc="tokenizing", unit="example")
+    ]
+    return Dataset.from_list(rows)
+
+
+def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
+    """Tokenized training set (`input_ids`, `attention_mask`, `labels`) for `spec`: load, answer
+    (dataset or target generations), chat-template and mask. `target` is needed when
+    `response_source` is 'target'."""
+    if spec.packing:
+        raise NotImplementedError("data.packing is not supported: examples are padded per batch; set packing: false")
+    examples = load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset)
+    return _tokenized(_with_responses(examples, spec, tokenizer, target), spec, tokenizer)
+
+
+def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
+    """Held-out set from `spec.eval_split` (a split of the dataset, or a local file), `eval_samples`
+    rows, tokenized like the training set; None when no eval split is set."""
+    if spec.eval_split is None:
+        return None
+    if Path(spec.eval_split).suffix.lower() in LOCAL_FORMATS:
+        source, split = spec.eval_split, "train"
+    else:
+        source, split = spec.dataset, spec.eval_split
+    examples = load_examples(source, spec.adapter, split, spec.eval_samples, seed, subset=spec.subset)
+    return _tokenized(_with_responses(examples, spec, tokenizer, target), spec, tokenizer)

@@ -1,0 +1,445 @@
+"""Distillation losses: forward KL, reverse KL, generalized JSD(β) and total variation distance
+between the draft's (student's) and the target's (teacher's) next-token distributions.
+
+Each divergence is one small function on log-prob tensors `[..., V] -> [...]`. The public entry
+points compose them: `divergence` (dense teacher logits), `sparse_divergence` (the teacher's
+top-k log-probs plus a tail bucket), `distillation_loss` (divergence + ce_weight × CE) and
+`fused_divergence` (from the student's hidden states and LM head, chunked, so the full student
+logits and their gradient never exist at once). All of them:
+
+- compare the two models on the shared real vocabulary: both sides are sliced to `vocab_size`
+  (default: the smaller of the two logit widths) before the softmax, so the teacher's padding rows
+  are dropped and the student's padding rows stay out of its softmax (and get no gradient);
+- divide both sides' logits by `temperature` (no T² rescaling, as TRL's GKD does);
+- return the mean over the tokens where `mask` is True (all tokens when `mask` is None);
+- treat the teacher as a fixed target: no gradient flows into the teacher's inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tvd")
+IGNORE_INDEX = -100
+# Stands in for log 0 in the sparse buckets: exp() of it is exactly 0, and unlike -inf it keeps
+# 0·log 0 terms and their gradients finite.
+_LOG_ZERO = torch.finfo(torch.float32).min
+
+
+# --------------------------------------------------------------------------------------------
+# The divergences, per token, on log-probs of shape [..., V]
+
+
+def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) = Σ p (log p − log q) over the last dimension."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def forward_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """KL(teacher ‖ student): mass-covering, the classic distillation loss."""
+    return kl(teacher_logp, student_logp)
+
+
+def reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """KL(student ‖ teacher): mode-seeking."""
+    return kl(student_logp, teacher_logp)
+
+
+def jsd(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """Generalized JSD as TRL's `generalized_jsd_loss` defines it: with m = (1−β)·student + β·teacher,
+    β·KL(teacher ‖ m) + (1−β)·KL(student ‖ m); β=0 is forward KL and β=1 reverse KL."""
+    if beta == 0:
+        return forward_kl(student_logp, teacher_logp)
+    if beta == 1:
+        return reverse_kl(student_logp, teacher_logp)
+    log_m = torch.logaddexp(student_logp + math.log1p(-beta), teacher_logp + math.log(beta))
+    return beta * kl(teacher_logp, log_m) + (1 - beta) * kl(student_logp, log_m)
+
+
+def tvd(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Total variation ½ Σ |p − q| = 1 − Σ min(p, q); 1 − TVD is speculative sampling's acceptance rate."""
+    return 0.5 * (student_logp.exp() - teacher_logp.exp()).abs().sum(-1)
+
+
+def _divergence_fn(name: str, beta: float):
+    return {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": partial(jsd, beta=beta), "tvd": tvd}[name]
+
+
+def sparse_log_probs(
+    student_logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Student and teacher log-probs over k+1 buckets: the teacher's top-k ids, then one tail bucket
+    for every other id. The teacher's tail mass is 1 − Σ exp(top-k); the student's is its softmax
+    mass outside the top-k ids. The temperature divides the student's logits and, since only the
+    teacher's top-k survive, the teacher's k+1 bucket log-probs: exact at temperature 1 or when
+    k = vocabulary, an approximation (the tail tempered as one outcome) otherwise."""
+    s = student_logits if temperature == 1 else student_logits / temperature
+    log_z = s.logsumexp(-1, keepdim=True)
+    s_tail = s.scatter(-1, topk_ids, _LOG_ZERO).logsumexp(-1, keepdim=True)
+    student = (torch.cat([s.gather(-1, topk_ids), s_tail], -1) - log_z).clamp(min=_LOG_ZERO)
+    if topk_ids.shape[-1] == s.shape[-1]:  # nothing outside the top-k: no tail, not a rounding residue
+        t_tail = torch.full_like(topk_logprobs[..., :1], -math.inf)
+    else:
+        t_tail = torch.log1p(-topk_logprobs.exp().sum(-1, keepdim=True).clamp(max=1))
+    teacher = torch.cat([topk_logprobs, t_tail], -1)
+    if temperature != 1:
+        teacher = torch.log_softmax(teacher / temperature, -1)
+    return student, teacher.clamp(min=_LOG_ZERO)
+
+
+# --------------------------------------------------------------------------------------------
+# Rows, teacher and the loss over a block of rows (shared by every entry point)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    beta: float
+    temperature: float
+    vocab_size: int
+
+
+@dataclass
+class _Teacher:
+    """The teacher's signal on flattened token rows: dense logits [N, V_t], or top-k ids/log-probs [N, k]."""
+
+    logits: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class _Rows:
+    """The flattened token rows that count, and each row's weight in the divergence and CE means."""
+
+    index: torch.Tensor | None  # None: every row, in order
+    count: int
+    div_weight: torch.Tensor  # [count]
+    ce_weight: torch.Tensor | None  # [count], None when there is no CE term
+    labels: torch.Tensor | None  # [count]
+
+    def take(self, flat: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+        if flat is None:
+            return None
+        return flat[start:end] if self.index is None else flat.index_select(0, self.index[start:end])
+
+    def local(self, per_row: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+        return None if per_row is None else per_row[start:end]
+
+    def put(self, flat: torch.Tensor, start: int, end: int, values: torch.Tensor) -> None:
+        if self.index is None:
+            flat[start:end] = values
+        else:
+            flat.index_copy_(0, self.index[start:end], values)
+
+    def teacher(self, teacher: _Teacher, start: int, end: int) -> _Teacher:
+        return _Teacher(*(self.take(t, start, end) for t in (teacher.logits, teacher.topk_ids, teacher.topk_logprobs)))
+
+    def chunks(self, chunk_size: int | None) -> list[tuple[int, int]]:
+        step = chunk_size or max(self.count, 1)
+        return [(s, min(s + step, self.count)) for s in range(0, self.count, step)]
+
+
+def _rows_loss(
+    spec: _Spec,
+    student_logits: torch.Tensor,
+    teacher: _Teacher,
+    div_weight: torch.Tensor,
+    ce_weight: torch.Tensor | None,
+    labels: torch.Tensor | None,
+) -> torch.Tensor:
+    """Σ div_weight·divergence (+ Σ ce_weight·CE) over a block of rows; student_logits [n, V_s]."""
+    logits = student_logits[:, : spec.vocab_size].float()
+    t = spec.temperature
+    if teacher.logits is not None:
+        t_logits = teacher.logits[:, : spec.vocab_size].detach().float()
+        student_logp = torch.log_softmax(logits if t == 1 else logits / t, -1)
+        teacher_logp = torch.log_softmax(t_logits if t == 1 else t_logits / t, -1)
+    else:
+        student_logp, teacher_logp = sparse_log_probs(
+            logits, teacher.topk_ids, teacher.topk_logprobs.detach().float(), t
+        )
+    loss = (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()
+    if ce_weight is not None:
+        loss = loss + (ce_weight * F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="none")).sum()
+    return loss
+
+
+# --------------------------------------------------------------------------------------------
+# Checks and preparation
+
+
+def _check_options(name: str, beta: float, temperature: float, chunk_size: int | None, ce_weight: float = 0.0) -> None:
+    if name not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {name!r}: choose one of {', '.join(DIVERGENCES)}")
+    if not 0 <= beta <= 1:
+        raise ValueError(f"beta={beta} is outside [0, 1]: 0 is forward KL, 1 reverse KL, in between the JSD mixture weight")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature={temperature} must be a positive finite number (1.0 leaves the logits as they are)")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive number of tokens, or None for one chunk")
+    if not (math.isfinite(ce_weight) and ce_weight >= 0):
+        raise ValueError(f"ce_weight={ce_weight} must be a finite number >= 0 (0 turns the cross-entropy term off)")
+
+
+def _check_lead(what: str, tensor: torch.Tensor, lead: torch.Size, suffix: str = "") -> None:
+    if tuple(tensor.shape[: len(lead)]) != tuple(lead) or tensor.dim() != len(lead) + (1 if suffix else 0):
+        want = f"[{', '.join(map(str, lead))}{', ' + suffix if suffix else ''}]"
+        raise ValueError(f"{what} has shape {list(tensor.shape)}, expected {want} to match the student's tokens")
+
+
+def _resolve_vocab(vocab_size: int | None, student_width: int, teacher_width: int | None) -> int:
+    """The shared real vocabulary: vocab_size, else the smaller of the two logit widths."""
+    widths = [w for w in (student_width, teacher_width) if w is not None]
+    if vocab_size is None:
+        return min(widths)
+    if not 0 < vocab_size <= min(widths):
+        raise ValueError(
+            f"vocab_size={vocab_size} must be between 1 and the smaller logit width {min(widths)} "
+            f"(student {student_width}, teacher {teacher_width}): pass len(tokenizer), the shared real vocabulary"
+        )
+    return vocab_size
+
+
+def _teacher(
+    lead: torch.Size,
+    teacher_logits: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
+    topk_logprobs: torch.Tensor | None,
+) -> _Teacher:
+    """Check the teacher's tensors against the student's token shape and flatten them to rows."""
+    dense, sparse = teacher_logits is not None, topk_ids is not None or topk_logprobs is not None
+    if dense == sparse:
+        raise ValueError("give the teacher either as teacher_logits or as teacher_topk_ids + teacher_topk_logprobs, not both or neither")
+    if dense:
+        _check_lead("teacher_logits", teacher_logits, lead, "V_t")
+        return _Teacher(logits=teacher_logits.reshape(-1, teacher_logits.shape[-1]))
+    if topk_ids is None or topk_logprobs is None:
+        raise ValueError("the sparse teacher needs both teacher_topk_ids and teacher_topk_logprobs")
+    _check_lead("teacher_topk_ids", topk_ids, lead, "k")
+    if topk_logprobs.shape != topk_ids.shape:
+        raise ValueError(f"teacher_topk_logprobs has shape {list(topk_logprobs.shape)}, expected {list(topk_ids.shape)} like teacher_topk_ids")
+    k = topk_ids.shape[-1]
+    return _Teacher(topk_ids=topk_ids.reshape(-1, k).long(), topk_logprobs=topk_logprobs.reshape(-1, k))
+
+
+def _check_ids(teacher: _Teacher, vocab: int) -> None:
+    ids = teacher.topk_ids
+    if ids is None or ids.numel() == 0:
+        return
+    if ids.shape[-1] > vocab:
+        raise ValueError(f"top-k of {ids.shape[-1]} exceeds the shared vocabulary of {vocab}")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"teacher_topk_ids must lie in [0, {vocab}) (the shared vocabulary); got ids up to {int(ids.max())}")
+
+
+def _rows(
+    lead: torch.Size,
+    mask: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    ce_weight: float,
+    vocab: int,
+    device: torch.device,
+) -> _Rows:
+    """The rows that count and their weights. Without a mask, labels != -100 is the mask when
+    labels are given, every token otherwise. CE counts where labels != -100."""
+    n = math.prod(lead)
+    if mask is not None:
+        _check_lead("mask", mask, lead)
+        mask = mask.reshape(-1).to(device=device, dtype=torch.bool)
+    if labels is not None:
+        _check_lead("labels", labels, lead)
+        labels = labels.reshape(-1).to(device=device, dtype=torch.long)
+        valid = labels != IGNORE_INDEX
+        if valid.any() and (int(labels[valid].min()) < 0 or int(labels[valid].max()) >= vocab):
+            raise ValueError(f"labels must be -100 or ids in [0, {vocab}) (the shared vocabulary)")
+        mask = valid if mask is None else mask
+    elif ce_weight > 0:
+        raise ValueError(f"ce_weight={ce_weight} needs labels (the ground-truth next tokens, -100 where ignored)")
+    use_ce = labels is not None and ce_weight > 0
+    if mask is None:
+        return _Rows(None, n, torch.full((n,), 1.0 / max(n, 1), device=device), None, None)
+    counted = mask | valid if use_ce else mask
+    index = counted.nonzero().squeeze(-1)
+    div_weight = mask[index].float() / mask.sum().clamp(min=1)
+    if not use_ce:
+        return _Rows(index, index.numel(), div_weight, None, None)
+    ce = ce_weight * valid[index].float() / valid.sum().clamp(min=1)
+    return _Rows(index, index.numel(), div_weight, ce, labels[index])
+
+
+# --------------------------------------------------------------------------------------------
+# From materialised student logits
+
+
+def distillation_loss(
+    name: str,
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor | None = None,
+    *,
+    teacher_topk_ids: torch.Tensor | None = None,
+    teacher_topk_logprobs: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    ce_weight: float = 0.0,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """The combined objective: mean divergence over `mask` + ce_weight × mean CE of the student's
+    (untempered) logits on `labels` (aligned with the logits, already shifted; -100 ignored).
+    With chunk_size, rows are processed in chunks recomputed in backward (activation checkpointing)."""
+    _check_options(name, beta, temperature, chunk_size, ce_weight)
+    if student_logits.dim() < 2:
+        raise ValueError(f"student_logits has shape {list(student_logits.shape)}, expected [B, T, V_s]")
+    lead, v_s = student_logits.shape[:-1], student_logits.shape[-1]
+    teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
+    vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
+    _check_ids(teacher, vocab)
+    rows = _rows(lead, mask, labels, ce_weight, vocab, student_logits.device)
+    spec = _Spec(name, float(beta), float(temperature), vocab)
+    flat = student_logits.reshape(-1, v_s)
+    loss = flat[:0].sum()  # zero, on the graph: a batch with no counted token still backpropagates
+    for start, end in rows.chunks(chunk_size):
+        args = (
+            spec,
+            rows.take(flat, start, end),
+            rows.teacher(teacher, start, end),
+            rows.local(rows.div_weight, start, end),
+            rows.local(rows.ce_weight, start, end),
+            rows.local(rows.labels, start, end),
+        )
+        loss = loss + (checkpoint(_rows_loss, *args, use_reentrant=False) if chunk_size else _rows_loss(*args))
+    return loss
+
+
+def divergence(
+    name: str,
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """Mean per-token divergence between student logits [B, T, V_s] and teacher logits [B, T, V_t]."""
+    return distillation_loss(
+        name, student_logits, teacher_logits, mask=mask, temperature=temperature, beta=beta,
+        chunk_size=chunk_size, vocab_size=vocab_size,
+    )
+
+
+def sparse_divergence(
+    name: str,
+    student_logits: torch.Tensor,
+    teacher_topk_ids: torch.Tensor,
+    teacher_topk_logprobs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """Mean per-token divergence against the teacher's top-k log-probs [B, T, k] (at temperature 1)
+    plus its tail bucket; the student's probabilities are aggregated into the same k+1 buckets."""
+    return distillation_loss(
+        name, student_logits, teacher_topk_ids=teacher_topk_ids, teacher_topk_logprobs=teacher_topk_logprobs,
+        mask=mask, temperature=temperature, beta=beta, chunk_size=chunk_size, vocab_size=vocab_size,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Fused with the LM head: hidden states in, loss out, logits one chunk at a time
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+
+
+class _FusedLinearLoss(torch.autograd.Function):
+    """The loss from hidden rows [N, H] and an LM head [V_s, H]. Like Liger-Kernel's fused linear
+    losses, the gradients are computed chunk by chunk during the forward pass, so only one chunk's
+    logits (and their gradient) exist at a time and no matmul is repeated in backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, spec: _Spec, rows: _Rows, teacher: _Teacher, chunk_size: int | None):
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dtype = _compute_dtype(hidden)
+        w = weight[: spec.vocab_size].to(dtype)
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start, end in rows.chunks(chunk_size):
+            h = rows.take(hidden, start, end).to(dtype)
+            with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
+                logits = (h @ w.T).float().requires_grad_(need_h or need_w)
+                loss = _rows_loss(
+                    spec, logits, rows.teacher(teacher, start, end), rows.local(rows.div_weight, start, end),
+                    rows.local(rows.ce_weight, start, end), rows.local(rows.labels, start, end),
+                )
+            if need_h or need_w:
+                (g,) = torch.autograd.grad(loss, logits)
+                g = g.to(dtype)
+                if need_h:
+                    rows.put(grad_h, start, end, (g @ w).to(hidden.dtype))
+                if need_w:
+                    head = grad_w[: spec.vocab_size]
+                    if head.dtype == dtype:
+                        head.addmm_(g.T, h)
+                    else:
+                        head += (g.T @ h).to(head.dtype)
+            total += loss.detach()
+        ctx.save_for_backward(grad_h, grad_w)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_h, grad_w = ctx.saved_tensors
+        if not torch.equal(grad_output, torch.ones_like(grad_output)):
+            grad_h = None if grad_h is None else grad_h * grad_output.to(grad_h.dtype)
+            grad_w = None if grad_w is None else grad_w * grad_output.to(grad_w.dtype)
+        return grad_h, grad_w, None, None, None, None
+
+
+def fused_divergence(
+    name: str,
+    student_hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    *,
+    teacher_logits: torch.Tensor | None = None,
+    teacher_topk_ids: torch.Tensor | None = None,
+    teacher_topk_logprobs: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int | None = 1024,
+    vocab_size: int | None = None,
+    labels: torch.Tensor | None = None,
+    ce_weight: float = 0.0,
+) -> torch.Tensor:
+    """`distillation_loss` of the logits student_hidden [B, T, H] @ lm_head_weight[V_s, H].T,
+    computed `chunk_size` counted tokens at a time: at most chunk_size × V_s student logits exist at
+    once. The LM head must have no bias (true of Qwen2.5); gradients reach hidden and weight."""
+    _check_options(name, beta, temperature, chunk_size, ce_weight)
+    if student_hidden.dim() < 2 or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != student_hidden.shape[-1]:
+        raise ValueError(
+            f"student_hidden {list(student_hidden.shape)} and lm_head_weight {list(lm_head_weight.shape)} "
+            "must be [B, T, H] and [V_s, H] with the same hidden size H"
+        )
+    lead, v_s = student_hidden.shape[:-1], lm_head_weight.shape[0]
+    teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
+    vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
+    _check_ids(teacher, vocab)
+    rows = _rows(lead, mask, labels, ce_weight, vocab, student_hidden.device)
+    spec = _Spec(name, float(beta), float(temperature), vocab)
+    hidden = student_hidden.reshape(-1, student_hidden.shape[-1])
+    return _FusedLinearLoss.apply(hidden, lm_head_weight, spec, rows, teacher, chunk_size)

@@ -1,0 +1,379 @@
+"""YAML recipes -> typed, validated dataclasses.
+
+A recipe is data only: every key is declared here with its type and default, so a misspelt key,
+a wrong type or an out-of-range value fails at load time, naming the key, instead of hours
+into a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+Adapter = Literal["gsm8k", "mmlu", "cnndm", "messages", "prompt_response"]
+Divergence = Literal["forward_kl", "reverse_kl", "jsd", "tvd"]
+
+DEFAULT_LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class RecipeError(ValueError):
+    """A recipe that does not validate; `errors` lists one message per problem."""
+
+    def __init__(self, errors: list[str], source: str | None = None):
+        self.errors = errors
+        prefix = f"invalid recipe {source}:" if source else "invalid recipe:"
+        super().__init__("\n  ".join([prefix, *errors]))
+
+
+def _check(predicate: typing.Callable[[Any], bool], what: str) -> dict[str, Any]:
+    """Field metadata: a range check applied after type conversion, `what` says the allowed range."""
+    return {"check": (predicate, what)}
+
+
+_POSITIVE = _check(lambda v: v > 0, "> 0")
+_NON_NEGATIVE = _check(lambda v: v >= 0, ">= 0")
+_UNIT = _check(lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    """A Hugging Face model to load with `from_pretrained`."""
+
+    name_or_path: str
+    revision: str | None = None
+    dtype: Dtype = "auto"
+
+
+@dataclass(kw_only=True)
+class LoraSpec:
+    """peft LoRA settings for the draft."""
+
+    r: int = field(default=16, metadata=_POSITIVE)
+    alpha: int = field(default=32, metadata=_POSITIVE)
+    dropout: float = field(default=0.05, metadata=_UNIT)
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_MODULES))
+
+
+@dataclass(kw_only=True)
+class DraftSpec(ModelSpec):
+    """The draft: pretrained weights (`name_or_path`) or a fresh random init from `config`
+    (a `Qwen2Config` keyword dict, used with the target tokenizer); exactly one of the two."""
+
+    name_or_path: str | None = None
+    config: dict | None = None
+    lora: LoraSpec | None = None
+    merge_on_save: bool = True
+
+
+@dataclass(kw_only=True)
+class DataSpec:
+    """Where prompts and responses come from and how they are tokenized (see distill.data).
+
+    `eval_split` is a split of `dataset`, or a local .jsonl/.json/.parquet file of held-out data.
+    `subset` is the Hub dataset's configuration name (e.g. "main" for openai/gsm8k)."""
+
+    dataset: str
+    subset: str | None = None
+    adapter: Adapter | None = None
+    split: str = "train"
+    num_samples: int | None = field(default=None, metadata=_POSITIVE)
+    eval_split: str | None = None
+    eval_samples: int = field(default=64, metadata=_POSITIVE)
+    max_prompt_length: int = field(default=512, metadata=_POSITIVE)
+    max_length: int = field(default=1024, metadata=_POSITIVE)
+    response_source: Literal["dataset", "target"] = "dataset"
+    generation_max_new_tokens: int = field(default=256, metadata=_POSITIVE)
+    generation_batch_size: int = field(default=8, metadata=_POSITIVE)
+    generation_cache: str | None = None
+    packing: bool = False
+
+
+@dataclass(kw_only=True)
+class TeacherSpec:
+    """The target's signal: computed online each step, or read from a top-k cache."""
+
+    mode: Literal["online", "cache"] = "online"
+    cache_dir: str | None = None
+    top_k: int = field(default=32, metadata=_POSITIVE)
+    batch_size: int = field(default=8, metadata=_POSITIVE)
+
+
+@dataclass(kw_only=True)
+class LossSpec:
+    """The distillation objective (see distill.losses)."""
+
+    divergence: Divergence = "forward_kl"
+    beta: float = field(default=0.5, metadata=_UNIT)
+    temperature: float = field(default=1.0, metadata=_POSITIVE)
+    ce_weight: float = field(default=0.0, metadata=_NON_NEGATIVE)
+    top_k: int | None = field(default=None, metadata=_POSITIVE)
+    chunk_size: int = field(default=1024, metadata=_POSITIVE)
+    lmbda: float = field(default=0.0, metadata=_UNIT)
+    max_new_tokens_on_policy: int = field(default=128, metadata=_POSITIVE)
+
+
+@dataclass(kw_only=True)
+class TrainingSpec:
+    """Trainer settings, named as `transformers.TrainingArguments` names them."""
+
+    max_steps: int = field(metadata=_POSITIVE)
+    per_device_train_batch_size: int = field(default=4, metadata=_POSITIVE)
+    gradient_accumulation_steps: int = field(default=1, metadata=_POSITIVE)
+    learning_rate: float = field(default=5e-5, metadata=_POSITIVE)
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = field(default=0.0, metadata=_UNIT)
+    weight_decay: float = field(default=0.0, metadata=_NON_NEGATIVE)
+    logging_steps: int = field(default=10, metadata=_POSITIVE)
+    eval_steps: int | None = field(default=None, metadata=_POSITIVE)
+    save_steps: int = field(default=500, metadata=_POSITIVE)
+    save_total_limit: int | None = field(default=2, metadata=_POSITIVE)
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    report_to: list[str] = field(default_factory=lambda: ["none"])
+    dataloader_num_workers: int = field(default=0, metadata=_NON_NEGATIVE)
+
+
+@dataclass(kw_only=True)
+class EvalSpec:
+    """Speculative-decoding evaluation after training."""
+
+    num_prompts: int = field(default=32, metadata=_POSITIVE)
+    max_new_tokens: int = field(default=64, metadata=_POSITIVE)
+    num_draft_tokens: int = field(default=5, metadata=_POSITIVE)
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    """One training run: which pair, which data, which objective, how long."""
+
+    seed: int = 0
+    output_dir: str
+    target: ModelSpec
+    draft: DraftSpec
+    data: DataSpec
+    teacher: TeacherSpec = field(default_factory=TeacherSpec)
+    loss: LossSpec = field(default_factory=LossSpec)
+    training: TrainingSpec
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the whole recipe (every default filled in); `load_recipe` reads it back."""
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _given(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _convert(value: Any, tp: Any, where: str, errors: list[str]) -> Any:
+    """`value` checked against type `tp` (and converted: int -> float, mapping -> dataclass)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        if value is None:
+            errors.append(f"{where}: expected {_type_name(tp)}, got null")
+            return None
+        return _convert(value, inner, where, errors)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            errors.append(f"{where}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where, errors)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            errors.append(f"{where}: expected {_type_name(tp)}, got {_given(value)}")
+            return value
+        return [_convert(v, item_tp, f"{where}[{i}]", errors) for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return value
+    elif isinstance(value, tp):
+        return value
+    errors.append(f"{where}: expected {_type_name(tp)}, got {_given(value)}")
+    return value
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key path the schema accepts, e.g. 'loss.divergence', 'draft.lora.r'."""
+    paths = []
+    for name, tp in typing.get_type_hints(cls).items():
+        path = f"{prefix}{name}"
+        paths.append(path)
+        nested = [a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
+        for sub in nested:
+            paths += _all_keys(sub, f"{path}.")
+    return paths
+
+
+def _unknown_key_message(key: str, where: str, valid: list[str]) -> str:
+    path = f"{where}.{key}" if where else key
+    close = difflib.get_close_matches(key, valid, n=1)
+    if close:
+        hint = f"did you mean '{where + '.' if where else ''}{close[0]}'?"
+    else:
+        elsewhere = [p for p in _all_keys(Recipe) if p.rsplit(".", 1)[-1] == key]
+        hint = f"did you mean '{elsewhere[0]}'?" if elsewhere else f"valid keys here: {', '.join(valid)}"
+    return f"{path}: unknown key; {hint}"
+
+
+def _build(cls: type, data: Any, where: str, errors: list[str]) -> Any:
+    """Instantiate dataclass `cls` from mapping `data`, appending every problem to `errors`."""
+    label = where or "recipe"
+    if not isinstance(data, dict):
+        errors.append(f"{label}: expected a mapping of keys, got {_given(data)}")
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            errors.append(_unknown_key_message(str(key), where, list(fields)))
+            continue
+        path = f"{where}.{key}" if where else key
+        n_errors = len(errors)
+        converted = _convert(value, hints[key], path, errors)
+        check = fields[key].metadata.get("check")
+        if check and len(errors) == n_errors and converted is not None and not check[0](converted):
+            errors.append(f"{path}: must be {check[1]}, got {converted!r}")
+        kwargs[key] = converted
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    for name in missing:
+        errors.append(f"{where + '.' if where else ''}{name}: required key is missing")
+    if missing or any(v is None and not _optional(hints[k]) for k, v in kwargs.items()):
+        return None
+    return cls(**kwargs)
+
+
+def _optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _cross_checks(r: Recipe) -> list[str]:
+    """Rules that tie keys together; each message says how to fix it."""
+    errors = []
+    if (r.draft.name_or_path is None) == (r.draft.config is None):
+        errors.append("draft: set exactly one of draft.name_or_path (load weights) or draft.config (fresh init)")
+    if r.teacher.mode == "cache" and not r.teacher.cache_dir:
+        errors.append("teacher.cache_dir: required when teacher.mode is 'cache' (where `distill cache-teacher` wrote it)")
+    if r.teacher.mode == "cache" and r.loss.top_k is not None and r.loss.top_k > r.teacher.top_k:
+        errors.append(f"loss.top_k: {r.loss.top_k} exceeds the cached teacher.top_k {r.teacher.top_k}")
+    if r.data.response_source == "target" and not r.data.generation_cache:
+        errors.append("data.generation_cache: required when data.response_source is 'target' (a .jsonl path for the generations)")
+    if r.data.max_prompt_length >= r.data.max_length:
+        errors.append(
+            f"data.max_prompt_length: must be < data.max_length ({r.data.max_prompt_length} >= {r.data.max_length}), "
+            "or no response token would fit"
+        )
+    if r.data.packing:
+        errors.append("data.packing: packing is not supported (examples are padded per batch); set packing: false")
+    return errors
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `5e-5` as a float (YAML 1.2) and refuses duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_recipe(path_or_dict: str | os.PathLike | dict) -> Recipe:
+    """Read and validate a recipe from a YAML file or a dict; raise RecipeError listing every problem."""
+    source = None
+    if isinstance(path_or_dict, dict):
+        data = path_or_dict
+    else:
+        source = str(path_or_dict)
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"recipe file not found: {source}")
+        with open(source, encoding="utf-8") as f:
+            try:
+                data = yaml.load(f, Loader=_Loader)
+            except yaml.YAMLError as e:
+                raise RecipeError([f"not valid YAML: {e}"], source) from e
+        if data is None:
+            raise RecipeError(["the file is empty"], source)
+    errors: list[str] = []
+    recipe = _build(Recipe, data, "", errors)
+    if recipe is not None and not errors:
+        errors = _cross_checks(recipe)
+    if errors:
+        raise RecipeError(errors, source)
+    return recipe
+
+
+def save_recipe(recipe: Recipe, path: str | os.PathLike) -> Path:
+    """Write `recipe` as YAML atomically (temp file + rename), so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(recipe.to_dict(), f, sort_keys=False)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,82 @@
+"""What one speculative generation measured: acceptance, accepted length, per-position
+acceptance, forwards, time to first token and time per output token."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """Counts summed over the rows of a batch; times in seconds for the whole call.
+
+    `accepted` counts draft tokens the target accepted, row by row, in each round; rows of a
+    batch advance together by the shortest accepted block, so `new_tokens` (what was emitted)
+    can be smaller than `accepted + target_forwards` for batches and for rounds cut short by
+    EOS or `max_new_tokens`."""
+
+    proposed: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    sequence_forwards: int = 0  # target forwards counted once per row they served
+    position_proposed: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    wall_s: float = 0.0
+    num_sequences: int = 0
+
+    def record_round(self, k: int, accepted_per_row: list[int]) -> None:
+        """Add one verification round in which each row had `k` draft tokens checked."""
+        if len(self.position_proposed) < k:
+            grow = k - len(self.position_proposed)
+            self.position_proposed += [0] * grow
+            self.position_accepted += [0] * grow
+        self.rounds += 1
+        for n in accepted_per_row:
+            self.proposed += k
+            self.accepted += n
+            for j in range(k):
+                self.position_proposed[j] += 1
+                self.position_accepted[j] += j < n
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of proposed draft tokens the target accepted."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens accepted per row per round (the accepted block length)."""
+        checks = self.position_proposed[0] if self.position_proposed else 0
+        return self.accepted / checks if checks else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Emitted tokens per sequence per target forward (prefill included): 1.0 for plain decoding."""
+        return self.new_tokens / self.sequence_forwards if self.sequence_forwards else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft token j accepted) for j = 1..k: how deep into a block the draft stays right."""
+        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first, per sequence."""
+        per_row = self.new_tokens / max(1, self.num_sequences)
+        return (self.wall_s - self.ttft_s) / (per_row - 1) if per_row > 1 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict:
+        """All counts and derived figures, JSON-ready."""
+        out = asdict(self)
+        for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_target_forward",
+                     "per_position_acceptance", "tpot_s", "tokens_per_s"):
+            out[name] = getattr(self, name)
+        return out

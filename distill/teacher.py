@@ -1,0 +1,462 @@
+"""The teacher signal: the frozen target run online beside the student, or its top-k log-probs
+cached once to safetensors shards (`distill cache-teacher RECIPE`) so a large target runs once
+and drafts train many times.
+
+Positions follow the causal shift: position t holds the distribution that predicts token t + 1,
+and counts when `labels[t + 1] != -100` (see `response_mask`). Only the shared real vocabulary
+(ids < len(tokenizer)) is scored or cached: the target's embedding padding rows are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from distill.vocab import tokenizer_fingerprint
+
+CACHE_FORMAT = 1
+MANIFEST = "manifest.json"
+SHARD_PATTERN = "shard-{:05d}.safetensors"
+CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# Cache fields that must equal the run's for the cache to be used (the rest is provenance).
+_IDENTITY_KEYS = ("format", "target", "revision", "tokenizer_fingerprint", "vocab_size", "dataset_fingerprint", "num_examples")
+
+
+class CacheMismatchError(ValueError):
+    """A teacher cache that was built for another target, tokenizer, dataset or top-k."""
+
+
+# --------------------------------------------------------------------------------------------
+# Online teacher
+
+
+def resolve_dtype(dtype: str, device: torch.device | str | None = None) -> torch.dtype | str:
+    """A recipe dtype as `from_pretrained` takes it; "auto" means float32 on CPU (bf16 there is slow
+    and inexact) and the checkpoint's own dtype on an accelerator."""
+    if dtype == "auto":
+        on_cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
+        return torch.float32 if on_cpu else "auto"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype {dtype!r}: use one of float32, bfloat16, float16, auto")
+    return getattr(torch, dtype)
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode and no gradients: the teacher is never trained."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_target(name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None) -> PreTrainedModel:
+    """The target model, frozen, from a local directory or the Hub (`revision` pins a commit)."""
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=resolve_dtype(dtype, device))
+    if device is not None:
+        model.to(device)
+    return freeze(model)
+
+
+def prepare_teacher(model: PreTrainedModel, accelerator: Any) -> torch.nn.Module:
+    """Place the frozen teacher for training as TRL's GKD/Distillation trainers do: sharded by
+    DeepSpeed ZeRO-3 inference when the run uses ZeRO-3 (replicated under ZeRO-1/2), else
+    `accelerator.prepare_model(..., evaluation_mode=True)` on the student's device."""
+    freeze(model)
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        from trl.models import prepare_deepspeed
+
+        return freeze(prepare_deepspeed(model, accelerator))
+    return freeze(accelerator.prepare_model(model, evaluation_mode=True))
+
+
+def response_mask(labels: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: True where the logits at t predict a response token (labels[t + 1] != -100)."""
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    mask[:, :-1] = labels[:, 1:] != -100
+    return mask
+
+
+@torch.no_grad()
+def teacher_logits(teacher: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The teacher's logits [B, T, V_t] for a batch, without building a graph."""
+    return teacher(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def topk_logprobs(logits: torch.Tensor, k: int, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely ids and their log-probs (float32, sorted, descending), the softmax taken
+    over the first `vocab_size` rows only (the real vocabulary; padding rows dropped)."""
+    if vocab_size is not None:
+        logits = logits[..., :vocab_size]
+    if not 0 < k <= logits.shape[-1]:
+        raise ValueError(f"top_k={k} must be between 1 and the vocabulary size {logits.shape[-1]}")
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return ids, values
+
+
+# --------------------------------------------------------------------------------------------
+# Offline cache: writing
+
+
+def dataset_fingerprint(dataset: Sequence[dict] | Any) -> str:
+    """A hash of every example's input_ids and labels: a cache is only valid for the exact
+    tokenized dataset it was computed on (same order, template, truncation)."""
+    digest = hashlib.sha256()
+    for row in dataset:
+        digest.update(torch.tensor(row["input_ids"], dtype=torch.int64).numpy().tobytes())
+        digest.update(b"|")
+        digest.update(torch.tensor(row["labels"], dtype=torch.int64).numpy().tobytes())
+        digest.update(b";")
+    return digest.hexdigest()[:32]
+
+
+def _versions() -> dict[str, str]:
+    import safetensors
+    import transformers
+
+    import distill
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "distill": distill.__version__,
+    }
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _atomic_save_shard(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+    os.replace(tmp, path)
+
+
+def _pad_batch(rows: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad a list of tokenized rows into input_ids, attention_mask, labels."""
+    length = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), length), dtype=torch.long)
+    lab = torch.full((len(rows), length), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.tensor(r["input_ids"])
+        att[i, :n] = torch.tensor(r["attention_mask"]) if "attention_mask" in r else 1
+        lab[i, :n] = torch.tensor(r["labels"])
+    return ids, att, lab
+
+
+def cache_identity(target: str, revision: str | None, tokenizer: PreTrainedTokenizerBase, dataset: Any) -> dict[str, Any]:
+    """The fields that tie a cache to one target, tokenizer and tokenized dataset."""
+    return {
+        "format": CACHE_FORMAT,
+        "target": str(target),
+        "revision": revision,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "vocab_size": len(tokenizer),
+        "dataset_fingerprint": dataset_fingerprint(dataset),
+        "num_examples": len(dataset),
+    }
+
+
+def _diff(found: dict[str, Any], wanted: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    return [f"{k}: cache has {found.get(k)!r}, run needs {wanted.get(k)!r}" for k in keys if found.get(k) != wanted.get(k)]
+
+
+def write_cache(
+    model: torch.nn.Module,
+    dataset: Any,
+    cache_dir: str | os.PathLike,
+    identity: dict[str, Any],
+    *,
+    top_k: int,
+    pad_token_id: int,
+    batch_size: int = 8,
+    shard_size: int = 256,
+    dtype: str = "float32",
+    provenance: dict[str, Any] | None = None,
+    device: torch.device | str | None = None,
+    process_index: int = 0,
+    num_processes: int = 1,
+) -> Path:
+    """Run the frozen target once over `dataset` and write its top-k log-probs on response
+    positions as safetensors shards of `shard_size` examples, plus a manifest. Resumable: finished
+    shards (written atomically) are skipped. With several processes, shard i goes to process
+    i % num_processes; the caller runs `finish_cache` on the main process once all are done."""
+    if dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache dtype {dtype!r} unknown: use one of {sorted(CACHE_DTYPES)}")
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    n = len(dataset)
+    num_shards = max(1, -(-n // shard_size))
+    manifest = {
+        **identity,
+        "top_k": top_k,
+        "dtype": dtype,
+        "shard_size": shard_size,
+        "num_shards": num_shards,
+        "positions": "response",
+        "complete": False,
+        **(provenance or {}),
+    }
+    path = cache_dir / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        problems = _diff(old, manifest, (*_IDENTITY_KEYS, "top_k", "dtype", "shard_size"))
+        if problems:
+            raise CacheMismatchError(
+                f"{cache_dir} already holds a different teacher cache ({'; '.join(problems)}). "
+                "Delete that directory or set teacher.cache_dir to a new one."
+            )
+    elif process_index == 0:
+        _atomic_write_text(path, json.dumps(manifest, indent=2))
+
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    vocab_size = identity["vocab_size"]
+    mine = [s for s in range(num_shards) if s % num_processes == process_index]
+    todo = [s for s in mine if not (cache_dir / SHARD_PATTERN.format(s)).exists()]
+    bar = tqdm(total=sum(min(n, (s + 1) * shard_size) - s * shard_size for s in todo), desc="caching teacher", unit="ex", disable=process_index != 0)
+    for s in todo:
+        lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
+        positions, ids, logps, offsets = [], [], [], [0]
+        for b in range(lo, hi, batch_size):
+            rows = [dataset[i] for i in range(b, min(hi, b + batch_size))]
+            input_ids, attention_mask, labels = _pad_batch(rows, pad_token_id)
+            logits = teacher_logits(model, input_ids.to(device), attention_mask.to(device))
+            top_ids, top_lp = topk_logprobs(logits, top_k, vocab_size)
+            mask = response_mask(labels).to(device)
+            for i in range(len(rows)):
+                pos = mask[i].nonzero().squeeze(-1)
+                positions.append(pos.to("cpu", torch.int32))
+                ids.append(top_ids[i, pos].to("cpu", torch.int32))
+                logps.append(top_lp[i, pos].to("cpu", CACHE_DTYPES[dtype]))
+                offsets.append(offsets[-1] + len(pos))
+            bar.update(len(rows))
+        tensors = {
+            "positions": torch.cat(positions),
+            "topk_ids": torch.cat(ids).reshape(-1, top_k),
+            "topk_logprobs": torch.cat(logps).reshape(-1, top_k),
+            "offsets": torch.tensor(offsets, dtype=torch.int64),
+            "example_index": torch.arange(lo, hi, dtype=torch.int64),
+        }
+        _atomic_save_shard(tensors, cache_dir / SHARD_PATTERN.format(s), {"shard": str(s), "top_k": str(top_k)})
+    bar.close()
+    return cache_dir
+
+
+def finish_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """Mark a cache complete once every shard is on disk (main process, after all writers)."""
+    cache_dir = Path(cache_dir)
+    manifest = json.loads((cache_dir / MANIFEST).read_text())
+    missing = [s for s in range(manifest["num_shards"]) if not (cache_dir / SHARD_PATTERN.format(s)).exists()]
+    if missing:
+        raise RuntimeError(f"{cache_dir} is missing shards {missing}: rerun `distill cache-teacher` to fill them")
+    manifest["complete"] = True
+    _atomic_write_text(cache_dir / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Offline cache: reading
+
+
+class TeacherCache:
+    """Read access to a finished cache: per-example top-k rows, and [B, T, k] batches aligned with
+    right-padded input_ids. Shards are opened lazily (memory-mapped), so dataloader workers can
+    hold a copy."""
+
+    def __init__(self, cache_dir: str | os.PathLike):
+        self.cache_dir = Path(cache_dir)
+        path = self.cache_dir / MANIFEST
+        if not path.exists():
+            raise FileNotFoundError(f"no teacher cache at {self.cache_dir} (no {MANIFEST}): run `distill cache-teacher RECIPE` first")
+        self.manifest = json.loads(path.read_text())
+        if self.manifest.get("format") != CACHE_FORMAT:
+            raise CacheMismatchError(f"{self.cache_dir} has cache format {self.manifest.get('format')}, this distill reads {CACHE_FORMAT}: rebuild it")
+        missing = [s for s in range(self.manifest["num_shards"]) if not (self.cache_dir / SHARD_PATTERN.format(s)).exists()]
+        if missing or not self.manifest.get("complete"):
+            raise CacheMismatchError(
+                f"teacher cache {self.cache_dir} is incomplete (missing shards {missing}): "
+                "rerun `distill cache-teacher RECIPE`, which continues where it stopped"
+            )
+        self.top_k = int(self.manifest["top_k"])
+        self.shard_size = int(self.manifest["shard_size"])
+        self._handles: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handles": {}}
+
+    def __len__(self) -> int:
+        return int(self.manifest["num_examples"])
+
+    def check(self, identity: dict[str, Any], top_k: int | None = None) -> None:
+        """Refuse the cache unless it was built for this target, tokenizer and tokenized dataset,
+        with at least `top_k` entries per position."""
+        problems = _diff(self.manifest, identity, _IDENTITY_KEYS)
+        if top_k is not None and top_k > self.top_k:
+            problems.append(f"top_k: cache has {self.top_k}, run needs {top_k}")
+        if problems:
+            raise CacheMismatchError(
+                f"teacher cache {self.cache_dir} does not match this run ({'; '.join(problems)}). "
+                "Rebuild it with `distill cache-teacher RECIPE` (into a new teacher.cache_dir)."
+            )
+
+    def _shard(self, s: int) -> Any:
+        if s not in self._handles:
+            self._handles[s] = safe_open(str(self.cache_dir / SHARD_PATTERN.format(s)), framework="pt")
+        return self._handles[s]
+
+    def example(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions [n] long, topk_ids [n, k] long, topk_logprobs [n, k] float32) of one example."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"example {index} is outside the cache's {len(self)} examples")
+        s, j = divmod(index, self.shard_size)
+        f = self._shard(s)
+        lo, hi = f.get_slice("offsets")[j : j + 2].tolist()
+        return (
+            f.get_slice("positions")[lo:hi].long(),
+            f.get_slice("topk_ids")[lo:hi].long(),
+            f.get_slice("topk_logprobs")[lo:hi].float(),
+        )
+
+    def batch(self, indices: Sequence[int], seq_len: int, top_k: int | None = None) -> dict[str, torch.Tensor]:
+        """Dense [B, seq_len, k] teacher ids/log-probs for a right-padded batch, and the [B, seq_len]
+        mask of cached positions. Positions outside the mask hold a harmless valid distribution
+        (uniform over k ids with half the mass in the tail)."""
+        k = top_k or self.top_k
+        ids = torch.arange(k).expand(len(indices), seq_len, k).clone()
+        logps = torch.full((len(indices), seq_len, k), float(torch.log(torch.tensor(0.5 / k))))
+        mask = torch.zeros(len(indices), seq_len, dtype=torch.bool)
+        for b, index in enumerate(indices):
+            pos, top_ids, top_lp = self.example(int(index))
+            if len(pos) and int(pos.max()) >= seq_len:
+                raise CacheMismatchError(f"cached positions of example {index} run past the batch length {seq_len}: the cache was built on other data")
+            ids[b, pos] = top_ids[:, :k]
+            logps[b, pos] = top_lp[:, :k]
+            mask[b, pos] = True
+        return {"teacher_topk_ids": ids, "teacher_topk_logprobs": logps, "teacher_mask": mask}
+
+
+class CachedTeacherCollator:
+    """Wrap a collator: each feature's `example_index` selects its cached teacher rows, added to the
+    batch as `teacher_topk_ids`, `teacher_topk_logprobs` and `teacher_mask`."""
+
+    def __init__(self, collator: Any, cache: TeacherCache, top_k: int | None = None):
+        self.collator, self.cache, self.top_k = collator, cache, top_k
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if any("example_index" not in f for f in features):
+            raise KeyError("features need an `example_index` column to look up the teacher cache")
+        indices = [int(f["example_index"]) for f in features]
+        batch = self.collator([{k: v for k, v in f.items() if k != "example_index"} for f in features])
+        batch.update(self.cache.batch(indices, batch["input_ids"].shape[1], self.top_k))
+        return batch
+
+
+# --------------------------------------------------------------------------------------------
+# `distill cache-teacher RECIPE`
+
+
+def eval_data_spec(data: Any) -> Any:
+    """The held-out DataSpec of a recipe (its eval_split, eval_samples), or None without one."""
+    if not getattr(data, "eval_split", None):
+        return None
+    changes: dict[str, Any] = {"split": data.eval_split, "num_samples": data.eval_samples}
+    if getattr(data, "generation_cache", None):
+        stem, ext = os.path.splitext(data.generation_cache)
+        changes["generation_cache"] = f"{stem}.{data.eval_split}{ext or '.jsonl'}"
+    return dataclasses.replace(data, **changes)
+
+
+def cache_dirs(cache_dir: str | os.PathLike) -> dict[str, Path]:
+    """Where a recipe's train and held-out caches live under teacher.cache_dir."""
+    return {"train": Path(cache_dir) / "train", "eval": Path(cache_dir) / "eval"}
+
+
+def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str | None = None, dtype: str = "float32", shard_size: int = 256) -> dict[str, Path]:
+    """Cache the recipe's target over its training data (and held-out data, when it has an
+    eval_split) under teacher.cache_dir/{train,eval}. Runs under `accelerate launch` too: shards
+    are split across processes."""
+    from accelerate import PartialState
+
+    from distill.data import build_train_dataset
+
+    cache_dir = cache_dir or recipe.teacher.cache_dir
+    if not cache_dir:
+        raise ValueError("the recipe has no teacher.cache_dir: set it (or pass --cache-dir) to say where the cache goes")
+    state = PartialState()
+    spec = recipe.target
+    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
+    model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device)
+    provenance = {
+        "recipe": _recipe_dict(recipe),
+        "recipe_path": recipe_path,
+        "commit_hash": getattr(model.config, "_commit_hash", None),
+        "versions": _versions(),
+    }
+    splits = {"train": recipe.data}
+    held_out = eval_data_spec(recipe.data)
+    if held_out is not None:
+        splits["eval"] = held_out
+    out = {}
+    for name, data_spec in splits.items():
+        with state.main_process_first():
+            dataset = build_train_dataset(data_spec, tokenizer, target=model)
+        where = cache_dirs(cache_dir)[name]
+        identity = cache_identity(spec.name_or_path, spec.revision, tokenizer, dataset)
+        write_cache(
+            model, dataset, where, identity,
+            top_k=recipe.teacher.top_k, pad_token_id=tokenizer.pad_token_id, batch_size=recipe.teacher.batch_size,
+            shard_size=shard_size, dtype=dtype, provenance=provenance, device=state.device,
+            process_index=state.process_index, num_processes=state.num_processes,
+        )
+        state.wait_for_everyone()
+        if state.is_main_process:
+            finish_cache(where)
+        state.wait_for_everyone()
+        out[name] = where
+    return out
+
+
+def _recipe_dict(recipe: Any) -> Any:
+    return dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else recipe
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`distill cache-teacher RECIPE`: write the target's top-k log-prob cache a recipe trains from."""
+    from distill.recipe import load_recipe
+
+    parser = argparse.ArgumentParser(prog="distill cache-teacher", description=main.__doc__)
+    parser.add_argument("recipe", help="recipe YAML (its target, data and teacher sections are used)")
+    parser.add_argument("--cache-dir", default=None, help="override teacher.cache_dir")
+    parser.add_argument("--dtype", default="float32", choices=sorted(CACHE_DTYPES), help="stored log-prob precision (float16 halves the disk)")
+    parser.add_argument("--shard-size", type=int, default=256, help="examples per shard (the unit of resumption)")
+    args = parser.parse_args(argv)
+    recipe = load_recipe(args.recipe)
+    written = cache_teacher(recipe, args.recipe, cache_dir=args.cache_dir, dtype=args.dtype, shard_size=args.shard_size)
+    for name, where in written.items():
+        print(f"{name}: {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Evaluation tasks and the acceptance evaluation (installed as distill.eval)."""

@@ -1,0 +1,101 @@
+"""The shape every evaluation task shares: examples, the Task record, file/Hub loading, sampling.
+
+A task turns dataset rows into chat prompts (`TaskExample.messages`, ready for the target's chat
+template) and scores one generated text against the example's reference.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+Message = dict[str, str]
+
+# Local file suffixes and the `datasets` builder that reads them.
+_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class TaskExample:
+    """One prompt to generate from, and what its generation is scored against."""
+
+    id: str
+    messages: list[Message]
+    reference: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A named evaluation task: how to load its examples and how to score a prediction.
+
+    `scores` returns every metric the task reports; `metric_name` names the primary one, which
+    `score` returns alone.
+    """
+
+    name: str
+    metric_name: str
+    default_num_samples: int
+    max_new_tokens: int
+    load: Callable[..., list[TaskExample]]
+    scores: Callable[[str, TaskExample], dict[str, float]]
+
+    def score(self, prediction: str, example: TaskExample) -> float:
+        """The primary metric of `prediction` for `example`."""
+        return self.scores(prediction, example)[self.metric_name]
+
+
+def load_rows(
+    hub_id: str,
+    config: str | None,
+    split: str,
+    data_file: str | Path | None,
+    columns: Sequence[str],
+) -> datasets.Dataset:
+    """Rows from `data_file` (JSONL, JSON or Parquet) when given, else `hub_id`/`config`/`split`.
+
+    A local file is one split, so `split` applies to the Hub only. Missing columns are an error.
+    """
+    if data_file is None:
+        ds = datasets.load_dataset(hub_id, config, split=split)
+        source = f"{hub_id} ({config}, {split})"
+    else:
+        path = Path(data_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"data file {str(path)!r} does not exist; pass an existing file")
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(
+                f"data file {str(path)!r} has an unsupported suffix {path.suffix!r}; "
+                f"use one of {sorted(_FILE_BUILDERS)}"
+            )
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        source = str(path)
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise ValueError(
+            f"{source} lacks column(s) {missing}; it has {ds.column_names}. The file needs the "
+            f"same columns as {hub_id}: {list(columns)}"
+        )
+    if len(ds) == 0:
+        raise ValueError(f"{source} has no rows")
+    return ds
+
+
+def check_num_samples(num_samples: int | None) -> None:
+    """Refuse a sample count that is not a positive integer (None means every row)."""
+    if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples must be a positive integer or None (all rows), got {num_samples!r}")
+
+
+def sample_indices(total: int, num_samples: int | None, seed: int) -> list[int]:
+    """`num_samples` row indices drawn with `seed`, in dataset order; all rows when it covers them."""
+    check_num_samples(num_samples)
+    if num_samples is None or num_samples >= total:
+        return list(range(total))
+    return sorted(random.Random(seed).sample(range(total), num_samples))

@@ -1,0 +1,104 @@
+"""GSM8K: grade-school maths, scored by exact match on the final number as lm-eval-harness does.
+
+Two extractions run on every prediction, as in lm-eval-harness's gsm8k task: "strict" takes the
+number after the first `#### `, "flexible" takes the last number-like span in the text. Both
+are normalised the same way (commas, `$` and one trailing `.` removed) and compared to the gold
+number as strings. Flexible is the primary metric.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .base import Task, TaskExample, load_rows, sample_indices
+
+HUB_ID = "openai/gsm8k"
+HUB_CONFIG = "main"
+DEFAULT_NUM_SAMPLES = 300
+MAX_NEW_TOKENS = 256
+METRIC_NAME = "exact_match_flexible"
+
+# lm-eval-harness gsm8k.yaml, filter_list: "strict-match" (first match) and "flexible-extract"
+# (group_select -1: the last match, first non-empty group).
+STRICT_PATTERN = re.compile(r"#### (\-?[0-9\.\,]+)")
+FLEXIBLE_PATTERN = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+PROMPT = (
+    "Solve the following math problem step by step. Write the final answer as a plain number "
+    'on the last line, in the form "#### <number>".\n\nQuestion: {question}'
+)
+
+
+def normalize_number(text: str) -> str:
+    """Drop commas, `$` and one trailing `.`, as lm-eval-harness's `regexes_to_ignore` does."""
+    return re.sub(r"\.$", "", text.strip().replace(",", "").replace("$", ""))
+
+
+def extract_strict(text: str) -> str | None:
+    """The normalised number after the first `#### `, or None when there is none."""
+    match = STRICT_PATTERN.search(text)
+    return normalize_number(match.group(1)) if match else None
+
+
+def extract_flexible(text: str) -> str | None:
+    """The normalised last number-like span in `text`, or None when there is none."""
+    matches = FLEXIBLE_PATTERN.findall(text)
+    if not matches:
+        return None
+    return normalize_number(next(group for group in matches[-1] if group))
+
+
+def load(
+    data_file: str | Path | None = None,
+    num_samples: int | None = DEFAULT_NUM_SAMPLES,
+    seed: int = 0,
+    split: str = "test",
+) -> list[TaskExample]:
+    """GSM8K problems as chat prompts; the reference is the gold final number.
+
+    Reads `openai/gsm8k` (main) or a local file with `question` and `answer` columns;
+    `num_samples=None` keeps every problem.
+    """
+    ds = load_rows(HUB_ID, HUB_CONFIG, split, data_file, ["question", "answer"])
+    examples = []
+    for index in sample_indices(len(ds), num_samples, seed):
+        row = ds[index]
+        gold = extract_strict(row["answer"])
+        if gold is None:
+            raise ValueError(
+                f"GSM8K row {index} has no '#### <number>' gold answer in its 'answer' column: "
+                f"{row['answer'][-80:]!r}"
+            )
+        examples.append(
+            TaskExample(
+                id=f"gsm8k-{split if data_file is None else 'file'}-{index}",
+                messages=[{"role": "user", "content": PROMPT.format(question=row["question"])}],
+                reference=gold,
+                meta={"solution": row["answer"]},
+            )
+        )
+    return examples
+
+
+def scores(prediction: str, example: TaskExample) -> dict[str, float]:
+    """Exact match of the flexible and the strict extraction against the gold number."""
+    return {
+        "exact_match_flexible": float(extract_flexible(prediction) == example.reference),
+        "exact_match_strict": float(extract_strict(prediction) == example.reference),
+    }
+
+
+def score(prediction: str, example: TaskExample) -> float:
+    """Flexible-extraction exact match (the primary GSM8K metric)."""
+    return scores(prediction, example)[METRIC_NAME]
+
+
+TASK = Task(
+    name="gsm8k",
+    metric_name=METRIC_NAME,
+    default_num_samples=DEFAULT_NUM_SAMPLES,
+    max_new_tokens=MAX_NEW_TOKENS,
+    load=load,
+    scores=scores,
+)

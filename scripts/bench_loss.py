@@ -1,0 +1,133 @@
+"""Peak memory and time of one distillation-loss forward+backward: the unchunked computation
+(full student logits from hidden @ lm_head.T, then `distill.losses.divergence`) against
+`distill.losses.fused_divergence` (student logits one chunk of tokens at a time).
+
+Each variant runs in its own fresh child process so their peaks cannot mix: on CPU the peak is
+the child's RSS high-water mark (ru_maxrss), on CUDA `torch.cuda.max_memory_allocated`.
+"Above inputs" subtracts what the child held before the loss ran (hidden, LM head, teacher logits).
+
+    python scripts/bench_loss.py                          # 2,048 tokens x 151,936 vocab x hidden 896
+    python scripts/bench_loss.py --tokens 256 --vocab 32768 --hidden 256   # a quick small run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from distill.losses import DIVERGENCES, divergence, fused_divergence
+
+MIB = 2**20
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=2048, help="batch x length, as one sequence")
+    p.add_argument("--vocab", type=int, default=151936, help="LM head rows (Qwen2.5-0.5B: 151,936)")
+    p.add_argument("--hidden", type=int, default=896, help="hidden size (Qwen2.5-0.5B: 896)")
+    p.add_argument("--divergence", default="forward_kl", choices=DIVERGENCES)
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256], help="fused variants to run, tokens per chunk")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per child, after one warm-up run")
+    p.add_argument("--rounds", type=int, default=1, help="children per variant, alternated; the fastest time is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", help=argparse.SUPPRESS)  # set by the parent for its child processes
+    return p
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _child(args: argparse.Namespace) -> dict:
+    """Build the inputs, run the variant warm-up + repeats times, report its peak and times."""
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    hidden = torch.randn(1, args.tokens, args.hidden, generator=gen).to(device, dtype).requires_grad_()
+    weight = (torch.randn(args.vocab, args.hidden, generator=gen) * args.hidden**-0.5).to(device, dtype).requires_grad_()
+    teacher = (torch.randn(1, args.tokens, args.vocab, generator=gen) * 2).to(device, dtype)
+    cuda = device.type == "cuda"
+
+    def step() -> float:
+        hidden.grad = weight.grad = None
+        if args.variant == "unchunked":
+            loss = divergence(args.divergence, hidden @ weight.T, teacher)
+        else:
+            loss = fused_divergence(args.divergence, hidden, weight, teacher_logits=teacher, chunk_size=int(args.variant))
+        loss.backward()
+        return loss.item()
+
+    if cuda:
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        baseline = _rss_bytes()
+    times, loss = [], step()
+    for _ in range(args.repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"variant": args.variant, "loss": loss, "peak": peak, "baseline": baseline, "times": times}
+
+
+def _run_child(argv: list[str], variant: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, *argv, "--variant", variant], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    if args.variant:
+        print(json.dumps(_child(args)))
+        return
+    variants = ["unchunked", *map(str, args.chunk_sizes)]
+    results: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for v in variants:
+            r = _run_child(argv, v)
+            best = results.setdefault(v, r)
+            best["times"] = sorted(set(best["times"]) | set(r["times"]))
+            best["peak"], best["baseline"] = max(best["peak"], r["peak"]), min(best["baseline"], r["baseline"])
+
+    base = results["unchunked"]
+    base_time, base_peak, base_extra = min(base["times"]), base["peak"], base["peak"] - base["baseline"]
+    print(f"\n`python scripts/bench_loss.py {shlex.join(argv)}`\n")
+    print(
+        f"{args.tokens:,} tokens x {args.vocab:,} vocab x hidden {args.hidden}, {args.divergence}, {args.dtype} on "
+        f"{args.device} ({torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}); "
+        f"forward+backward, fastest of {args.rounds * args.repeats} timed runs after a warm-up\n"
+    )
+    print("| computation | peak memory (MiB) | above inputs (MiB) | peak vs unchunked | time (s) | time vs unchunked | loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for v in variants:
+        r = results[v]
+        name = "unchunked (full logits)" if v == "unchunked" else f"fused, chunk {v}"
+        extra, t = r["peak"] - r["baseline"], min(r["times"])
+        print(
+            f"| {name} | {r['peak'] / MIB:,.0f} | {extra / MIB:,.0f} | {r['peak'] / base_peak:.0%} "
+            f"({extra / max(base_extra, 1):.0%} above inputs) | {t:.2f} | {t / base_time:.2f}x | {r['loss']:.6f} |"
+        )
+    print("\nTarget: fused peak <= 25% of the unchunked peak, at <= 1.3x its time.")
+    print("times (s): " + "; ".join(f"{v}: {', '.join(f'{t:.2f}' for t in results[v]['times'])} (median {statistics.median(results[v]['times']):.2f})" for v in variants))
+
+
+if __name__ == "__main__":
+    main()

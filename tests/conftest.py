@@ -1,0 +1,34 @@
+"""Shared fixtures: a tokenizer trained on the spot and tiny Qwen2 models. Nothing from the Hub."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def examples() -> list[dict[str, str]]:
+    return make_examples(400, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(examples):
+    return build_tokenizer(corpus_texts(examples), vocab_size=384)
+
+
+@pytest.fixture(scope="session")
+def target(tokenizer):
+    """A tiny target whose embedding is padded past the tokenizer, as Qwen2.5-7B's is (152,064 rows)."""
+    return tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=1)
+
+
+@pytest.fixture(scope="session")
+def draft(tokenizer):
+    """A smaller draft padded less than the target, as Qwen2.5-0.5B (151,936 rows) is under 7B."""
+    return tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=2)
