@@ -392,7 +392,8 @@ def generate_responses(
                 os.fsync(out.fileno())
                 bar.update(len(keys))
     if todo or partial.exists() or not cache_path.exists():
-        _write_atomic(cache_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()))
+        order = list(dict.fromkeys([_key(ex["messages"]) for ex in examples] + list(records)))  # examples' order first
+        _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
         partial.unlink(missing_ok=True)
     return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
 

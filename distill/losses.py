@@ -67,6 +67,11 @@ def tvd(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
     return 0.5 * (student_logp.exp() - teacher_logp.exp()).abs().sum(-1)
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """float32 for half-precision inputs (the softmax needs it), float64 stays float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _divergence_fn(name: str, beta: float):
     return {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": partial(jsd, beta=beta), "tvd": tvd}[name]
 
@@ -155,15 +160,15 @@ def _rows_loss(
     labels: torch.Tensor | None,
 ) -> torch.Tensor:
     """Σ div_weight·divergence (+ Σ ce_weight·CE) over a block of rows; student_logits [n, V_s]."""
-    logits = student_logits[:, : spec.vocab_size].float()
+    logits = _upcast(student_logits[:, : spec.vocab_size])
     t = spec.temperature
     if teacher.logits is not None:
-        t_logits = teacher.logits[:, : spec.vocab_size].detach().float()
+        t_logits = _upcast(teacher.logits[:, : spec.vocab_size].detach())
         student_logp = torch.log_softmax(logits if t == 1 else logits / t, -1)
         teacher_logp = torch.log_softmax(t_logits if t == 1 else t_logits / t, -1)
     else:
         student_logp, teacher_logp = sparse_log_probs(
-            logits, teacher.topk_ids, teacher.topk_logprobs.detach().float(), t
+            logits, teacher.topk_ids, _upcast(teacher.topk_logprobs.detach()), t
         )
     loss = (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()
     if ce_weight is not None:
@@ -377,11 +382,11 @@ class _FusedLinearLoss(torch.autograd.Function):
         w = weight[: spec.vocab_size].to(dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32), device=hidden.device)
         for start, end in rows.chunks(chunk_size):
             h = rows.take(hidden, start, end).to(dtype)
             with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
-                logits = (h @ w.T).float().requires_grad_(need_h or need_w)
+                logits = _upcast(h @ w.T).requires_grad_(need_h or need_w)
                 loss = _rows_loss(
                     spec, logits, rows.teacher(teacher, start, end), rows.local(rows.div_weight, start, end),
                     rows.local(rows.ce_weight, start, end), rows.local(rows.labels, start, end),

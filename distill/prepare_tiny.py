@@ -37,8 +37,8 @@ DEFAULTS = {
     "num_kv_heads": 2,
     "intermediate_size": 512,
     "max_position_embeddings": 512,
-    "steps": 600,
-    "batch_size": 32,
+    "steps": 300,
+    "batch_size": 16,
     "learning_rate": 3e-3,
     "seed": 0,
 }
@@ -55,6 +55,7 @@ def _write_jsonl(path: Path, rows: Sequence[dict[str, str]]) -> None:
     with os.fdopen(fd, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -142,6 +143,7 @@ def prepare(out: str | os.PathLike, force: bool = False, **overrides: Any) -> di
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".prepare_info.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(info, f, indent=2)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, info_path)
     return info
 

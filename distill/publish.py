@@ -513,8 +513,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `distill publish` and scripts/publish.py; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.public and not args.push_to_hub:
-        parser.error("--public only applies with --push-to-hub REPO")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         out = publish(

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.vocab import tokenizer_fingerprint
+from distill.data import build_eval_dataset, build_train_dataset, tokenizer_fingerprint
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -141,6 +141,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -148,6 +149,7 @@ def _atomic_save_shard(tensors: dict[str, torch.Tensor], path: Path, metadata: d
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -376,17 +378,6 @@ class CachedTeacherCollator:
 # `distill cache-teacher RECIPE`
 
 
-def eval_data_spec(data: Any) -> Any:
-    """The held-out DataSpec of a recipe (its eval_split, eval_samples), or None without one."""
-    if not getattr(data, "eval_split", None):
-        return None
-    changes: dict[str, Any] = {"split": data.eval_split, "num_samples": data.eval_samples}
-    if getattr(data, "generation_cache", None):
-        stem, ext = os.path.splitext(data.generation_cache)
-        changes["generation_cache"] = f"{stem}.{data.eval_split}{ext or '.jsonl'}"
-    return dataclasses.replace(data, **changes)
-
-
 def cache_dirs(cache_dir: str | os.PathLike) -> dict[str, Path]:
     """Where a recipe's train and held-out caches live under teacher.cache_dir."""
     return {"train": Path(cache_dir) / "train", "eval": Path(cache_dir) / "eval"}
@@ -397,8 +388,6 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     eval_split) under teacher.cache_dir/{train,eval}. Runs under `accelerate launch` too: shards
     are split across processes."""
     from accelerate import PartialState
-
-    from distill.data import build_train_dataset
 
     cache_dir = cache_dir or recipe.teacher.cache_dir
     if not cache_dir:
@@ -413,14 +402,13 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         "commit_hash": getattr(model.config, "_commit_hash", None),
         "versions": _versions(),
     }
-    splits = {"train": recipe.data}
-    held_out = eval_data_spec(recipe.data)
-    if held_out is not None:
-        splits["eval"] = held_out
+    builders = {"train": build_train_dataset, "eval": build_eval_dataset}
     out = {}
-    for name, data_spec in splits.items():
+    for name, build in builders.items():
         with state.main_process_first():
-            dataset = build_train_dataset(data_spec, tokenizer, target=model)
+            dataset = build(recipe.data, tokenizer, target=model, seed=recipe.seed)
+        if dataset is None:
+            continue
         where = cache_dirs(cache_dir)[name]
         identity = cache_identity(spec.name_or_path, spec.revision, tokenizer, dataset)
         write_cache(

@@ -11,7 +11,6 @@ from an online teacher or from the offline top-k cache written by `distill cache
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -26,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -44,12 +41,12 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint
 
 from distill import losses
+from distill.recipe import save_recipe
 from distill.teacher import (
     CachedTeacherCollator,
     TeacherCache,
     cache_dirs,
     cache_identity,
-    eval_data_spec,
     load_target,
     prepare_teacher,
     resolve_dtype,
@@ -57,7 +54,7 @@ from distill.teacher import (
     teacher_logits,
     topk_logprobs,
 )
-from distill.vocab import check_tokenizers_agree
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_tokenizers_agree
 
 logger = logging.getLogger(__name__)
 
@@ -388,8 +385,6 @@ def _open_cache(where: Path, identity: dict[str, Any], top_k: int | None) -> Tea
 def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> DistillTrainer:
     """Everything a run needs, from the recipe: tokenizer, draft (LoRA or full), teacher (online or
     cache), datasets, collators and the trainer."""
-    from distill.data import DataCollatorForDistill, build_train_dataset
-
     spec = recipe.target
     tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
     if tokenizer.pad_token is None:
@@ -417,9 +412,9 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         if recipe.training.gradient_checkpointing:
             model.enable_input_require_grads()
 
-    train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=teacher))
-    held_out = eval_data_spec(recipe.data)
-    eval_ds = _columns(build_train_dataset(held_out, tokenizer, target=teacher)) if held_out is not None else None
+    train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed))
+    eval_ds = build_eval_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed)
+    eval_ds = _columns(eval_ds) if eval_ds is not None else None
 
     collator = DataCollatorForDistill(tokenizer)
     eval_collator = None
@@ -478,12 +473,8 @@ def _atomic_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
-
-
-def recipe_dict(recipe: Any) -> dict[str, Any]:
-    """The recipe as plain data, for recipe.yaml and run_info.json."""
-    return dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else dict(recipe)
 
 
 def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
@@ -543,7 +534,7 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
     save_draft(trainer, recipe)
     if trainer.is_world_process_zero():
         out = Path(recipe.output_dir)
-        _atomic_text(out / "recipe.yaml", yaml.safe_dump(recipe_dict(recipe), sort_keys=False))
+        save_recipe(recipe, out / "recipe.yaml")
         info = {
             "recipe_path": recipe_path,
             "seed": recipe.seed,

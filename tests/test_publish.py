@@ -23,6 +23,7 @@ from distill.speculative import SpeculativeDecoder
 from distill.tiny import build_tokenizer, corpus_texts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+OFFSET = 0.2
 PROMPTS = ["anna has 3 apples and gets 4 more . how many", "tell me about the fox .", "the red"]
 
 SAMPLE_REPORT = {
@@ -65,7 +66,10 @@ def _write_run(run: Path, tokenizer, adapter_model, recipe: dict) -> Path:
 def env(tmp_path_factory, tokenizer, target, draft):
     """A target and a base draft on disk, a LoRA training output on that base, and the merged model in memory."""
     root = tmp_path_factory.mktemp("publish")
-    for name, model in (("target", target), ("base", draft)):
+    base = copy.deepcopy(draft)
+    with torch.no_grad():  # trained embeddings share a common direction; a zero padding row would then win some argmaxes
+        base.get_input_embeddings().weight += OFFSET * torch.randn(draft.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    for name, model in (("target", target), ("base", base)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     base = AutoModelForCausalLM.from_pretrained(root / "base")
@@ -168,7 +172,7 @@ def test_pad_vocab_to_target_changes_no_output(env, tokenizer, target, tmp_path)
     run = padded.generate(**enc, do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=24,
                           output_scores=True, return_dict_in_generate=True)
     seq, start = run.sequences, enc["input_ids"].shape[1] - 1
-    assert (seq < real).all()
+    assert (seq < old).all()
     with torch.no_grad():
         ref = unpadded(seq).logits[0, start : start + len(run.scores)].softmax(-1)
     probs = torch.cat(run.scores).softmax(-1)
@@ -176,10 +180,12 @@ def test_pad_vocab_to_target_changes_no_output(env, tokenizer, target, tmp_path)
     torch.testing.assert_close(probs[:, :old], ref, rtol=1e-5, atol=1e-7)
 
     # Without suppress_tokens (vLLM ignores it) a padded id is never the argmax and never likelier than 1/real,
-    # whatever the hidden state (random directions over four orders of magnitude).
-    h = torch.randn(4096, padded.config.hidden_size, generator=torch.Generator().manual_seed(1)) * torch.logspace(-2, 2, 4096).unsqueeze(1)
+    # whatever the hidden state (random directions, and ones opposite the rows' common direction).
     w = padded.lm_head.weight.detach()
+    h = torch.randn(4096, padded.config.hidden_size, generator=torch.Generator().manual_seed(1)) * torch.logspace(-2, 2, 4096).unsqueeze(1)
+    h = torch.cat([h, -w[:real].mean(0) * torch.logspace(-2, 2, 64).unsqueeze(1)])  # every real logit negative here
     logits = h @ w.T
+    assert (logits[-64:, :real] < 0).all()
     assert (logits[:, old:].amax(-1) < logits[:, :real].amax(-1)).all()
     assert (logits.softmax(-1)[:, old:] <= 1 / real + 1e-6).all()
 

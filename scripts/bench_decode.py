@@ -1,0 +1,154 @@
+"""Target-only `generate`, transformers' `assistant_model=` and distill's SpeculativeDecoder on one
+pair and one prompt set, interleaved in one run: wall time, tokens/s, acceptance, tokens per
+target forward, the loop's own overhead per round, and the ratios.
+
+    python scripts/bench_decode.py                          # tiny pair built on the spot (CPU, minutes)
+    python scripts/bench_decode.py --target PATH --draft PATH --num-prompts 20 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from distill.docs import markdown_table, write_section
+from distill.speculative import SpeculativeDecoder
+from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+
+
+def default_pair(seed: int = 0):
+    """A ~40M-parameter target and a ~1M draft (random weights, untied heads) and their tokenizer."""
+    tok = build_tokenizer(corpus_texts(make_examples(2000, seed=seed)), vocab_size=512)
+    target = tiny_qwen2(len(tok), hidden_size=640, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=2048,
+                        tokenizer=tok, seed=seed + 1, tie_word_embeddings=False, initializer_range=0.05)
+    draft = tiny_qwen2(len(tok), hidden_size=160, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=480,
+                       tokenizer=tok, seed=seed + 2, tie_word_embeddings=False, initializer_range=0.05)
+    return target, draft, tok
+
+
+class ForwardTimer:
+    """Counts and times a model's forward calls, to split wall time into model time and loop overhead."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.calls, self.seconds, self._t = 0, 0.0, 0.0
+        model.register_forward_pre_hook(lambda *_: setattr(self, "_t", time.perf_counter()))
+        model.register_forward_hook(lambda *_: self._done())
+
+    def _done(self) -> None:
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._t
+
+    def reset(self) -> None:
+        self.calls, self.seconds = 0, 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", help="Hub id or path (default: tiny pair built on the spot)")
+    ap.add_argument("--draft", help="Hub id or path")
+    ap.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (medians over all)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--output", default="docs/benchmarks.md", help="Markdown file whose bench_decode section is rewritten ('' to skip)")
+    args = ap.parse_args(argv)
+    if bool(args.target) != bool(args.draft):
+        ap.error("give both --target and --draft, or neither for the built-in tiny pair")
+
+    dtype = getattr(torch, args.dtype)
+    if args.target:
+        tok = AutoTokenizer.from_pretrained(args.target)
+        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).to(args.device).eval()
+    else:
+        target, draft, tok = default_pair()
+        target, draft = target.to(args.device, dtype), draft.to(args.device, dtype)
+    k = args.num_draft_tokens
+    # transformers' assisted generation, made comparable: constant k, no confidence early exit.
+    draft.generation_config.num_assistant_tokens = k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=k, tokenizer=tok, draft_tokenizer=tok)
+
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": ex["prompt"]}], add_generation_prompt=True, return_tensors="pt")["input_ids"].to(args.device)
+        for ex in make_examples(args.num_prompts, seed=1234)
+    ]
+    timers = {"target": ForwardTimer(target), "draft": ForwardTimer(draft)}
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    methods = {
+        "target-only generate": lambda ids: (target.generate(ids, **gen_kwargs), None),
+        "transformers assistant_model": lambda ids: (target.generate(ids, assistant_model=draft, **gen_kwargs), None),
+        "distill SpeculativeDecoder": lambda ids: (lambda o: (o.sequences, o.stats))(
+            decoder.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=pad)),
+    }
+    names = list(methods)
+    for name in names:  # warm-up
+        methods[name](prompts[0])
+
+    walls, tokens, overhead, forwards = defaultdict(list), defaultdict(int), defaultdict(list), defaultdict(int)
+    accepted = proposed = 0
+    identical = True
+    for rep in range(args.repeats):
+        for i, ids in enumerate(prompts):
+            outputs = {}
+            order = names[(i + rep) % 3 :] + names[: (i + rep) % 3]  # rotate who goes first
+            for name in order:
+                for t in timers.values():
+                    t.reset()
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                seqs, stats = methods[name](ids)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                wall = time.perf_counter() - start
+                outputs[name] = seqs[0, ids.shape[1] :].tolist()
+                walls[name].append(wall)
+                tokens[name] += len([t for t in outputs[name] if t != pad]) if pad != eos else len(outputs[name])
+                forwards[name] += timers["target"].calls
+                rounds = max(1, timers["target"].calls - 1)
+                overhead[name].append((wall - timers["target"].seconds - timers["draft"].seconds) / rounds)
+                if stats is not None:
+                    accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
+            identical &= len({tuple(v) for v in outputs.values()}) == 1
+
+    total = {n: sum(walls[n]) for n in names}
+    rows = [[n, f"{total[n]:.2f}", f"{statistics.median(walls[n]) * 1e3:.1f}", f"{tokens[n] / total[n]:.1f}",
+             f"{tokens[n] / forwards[n]:.2f}", f"{statistics.median(overhead[n]) * 1e3:.2f}" if n != names[0] else "-",
+             f"{total[names[0]] / total[n]:.2f}"] for n in names]
+    ours, theirs = total[names[2]], total[names[1]]
+    n_params = lambda m: sum(p.numel() for p in m.parameters()) / 1e6  # noqa: E731
+    command = "python scripts/bench_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = "\n".join([
+        f"## Decoder: distill vs transformers assisted generation (k = {k})",
+        "",
+        f"`{command.strip()}` — target {args.target or 'tiny Qwen2 (random weights)'} ({n_params(target):.1f}M params), "
+        f"draft {args.draft or 'tiny Qwen2 (random weights)'} ({n_params(draft):.2f}M), {args.device}, {args.dtype}, "
+        f"{len(prompts)} prompts × {args.repeats} passes, {args.max_new_tokens} new tokens, greedy, interleaved. "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads.",
+        "",
+        markdown_table(["method", "total s", "median ms / prompt", "tokens/s", "tokens / target forward",
+                        "loop overhead ms / round", "speedup vs target-only"], rows),
+        "",
+        f"- distill wall time / transformers assisted wall time: **{ours / theirs:.2f}×** (target ≤ 0.8×)",
+        f"- acceptance rate (distill stats): {accepted / max(1, proposed):.3f}; outputs identical across the three: {'yes' if identical else 'NO'}",
+        "- loop overhead = wall time minus time inside the two models' forward calls, per target forward after the prefill.",
+    ])
+    print(md)
+    if args.output:
+        write_section(args.output, "bench_decode" + ("" if not args.target else "-custom"), md)
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
