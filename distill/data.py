@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.recipe import DataSpec
+from distill.vocab import tokenizer_fingerprint
 
 IGNORE_INDEX = -100
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -205,45 +206,6 @@ class DataCollatorForDistill:
 # --------------------------------------------------------------------------- tokenizers
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """SHA-256 of the vocabulary (token -> id) and the special tokens: equal iff ids mean the same text."""
-    payload = {
-        "vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
-        "special": {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
-        "all_special": sorted(map(str, tokenizer.all_special_tokens)),
-    }
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def check_tokenizers_agree(tok_a, tok_b, names: tuple[str, str] = ("target", "draft")) -> None:
-    """Raise a ValueError saying which tokens differ unless the two tokenizers map ids to the same tokens.
-
-    Embedding padding (152,064 vs 151,936 rows) is not a difference: only the tokenizers are compared."""
-    if tokenizer_fingerprint(tok_a) == tokenizer_fingerprint(tok_b):
-        return
-    a, b = tok_a.get_vocab(), tok_b.get_vocab()
-    problems = []
-    only_a, only_b = sorted(a.keys() - b.keys(), key=a.get), sorted(b.keys() - a.keys(), key=b.get)
-    moved = sorted((t for t in a.keys() & b.keys() if a[t] != b[t]), key=a.get)
-    if only_a:
-        problems.append(f"{len(only_a)} tokens only in the {names[0]}'s ({only_a[:5]})")
-    if only_b:
-        problems.append(f"{len(only_b)} tokens only in the {names[1]}'s ({only_b[:5]})")
-    if moved:
-        problems.append(f"{len(moved)} tokens with different ids (e.g. {[(t, a[t], b[t]) for t in moved[:5]]})")
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        va, vb = getattr(tok_a, name, None), getattr(tok_b, name, None)
-        if va != vb:
-            problems.append(f"{name} {va!r} vs {vb!r}")
-    sa, sb = set(map(str, tok_a.all_special_tokens)), set(map(str, tok_b.all_special_tokens))
-    if sa != sb:
-        problems.append(f"special tokens {sorted(sa - sb)} vs {sorted(sb - sa)}")
-    raise ValueError(
-        f"the {names[0]} and {names[1]} tokenizers differ: {'; '.join(problems)}. "
-        "Distillation and speculative decoding need one shared tokenizer (e.g. two models of the Qwen2.5 family)."
-    )
-
-
 # --------------------------------------------------------------------------- sequence-level KD
 
 
@@ -278,6 +240,16 @@ def _read_records(path: Path) -> dict[str, dict]:
                 continue
             records[rec["key"]] = rec
     return records
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a half-written last line off an append-only JSONL, so the next append starts on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _manifest(model, tokenizer, settings: dict) -> dict:
@@ -372,6 +344,7 @@ def generate_responses(
         kwargs = _generation_kwargs(tokenizer, model, max_new_tokens, do_sample, temperature)
         model.eval()
         partial.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(partial)
         with open(partial, "a", encoding="utf-8") as out, tqdm(total=len(order), desc="seq-KD generation", unit="prompt") as bar:
             for start in range(0, len(order), batch_size):
                 keys = order[start : start + batch_size]

@@ -10,7 +10,7 @@ logits and their gradient never exist at once). All of them:
 - compare the two models on the shared real vocabulary: both sides are sliced to `vocab_size`
   (default: the smaller of the two logit widths) before the softmax, so the teacher's padding rows
   are dropped and the student's padding rows stay out of its softmax (and get no gradient);
-- divide both sides' logits by `temperature` (no T² rescaling, as TRL's GKD does);
+- divide both sides' logits by `temperature` (no T² rescaling; TRL's GKD has none either);
 - return the mean over the tokens where `mask` is True (all tokens when `mask` is None);
 - treat the teacher as a fixed target: no gradient flows into the teacher's inputs.
 """
@@ -134,21 +134,22 @@ class _Rows:
             return None
         return flat[start:end] if self.index is None else flat.index_select(0, self.index[start:end])
 
-    def local(self, per_row: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
-        return None if per_row is None else per_row[start:end]
-
     def put(self, flat: torch.Tensor, start: int, end: int, values: torch.Tensor) -> None:
         if self.index is None:
             flat[start:end] = values
         else:
             flat.index_copy_(0, self.index[start:end], values)
 
-    def teacher(self, teacher: _Teacher, start: int, end: int) -> _Teacher:
-        return _Teacher(*(self.take(t, start, end) for t in (teacher.logits, teacher.topk_ids, teacher.topk_logprobs)))
-
     def chunks(self, chunk_size: int | None) -> list[tuple[int, int]]:
         step = chunk_size or max(self.count, 1)
         return [(s, min(s + step, self.count)) for s in range(0, self.count, step)]
+
+    def loss(self, spec: _Spec, student_logits: torch.Tensor, teacher: _Teacher, start: int, end: int) -> torch.Tensor:
+        """The loss terms of rows start:end, given those rows' student logits [end - start, V_s]."""
+        block = _Teacher(*(self.take(t, start, end) for t in (teacher.logits, teacher.topk_ids, teacher.topk_logprobs)))
+        ce_weight = None if self.ce_weight is None else self.ce_weight[start:end]
+        labels = None if self.labels is None else self.labels[start:end]
+        return _rows_loss(spec, student_logits, block, self.div_weight[start:end], ce_weight, labels)
 
 
 def _rows_loss(
@@ -250,11 +251,12 @@ def _rows(
     labels: torch.Tensor | None,
     ce_weight: float,
     vocab: int,
-    device: torch.device,
+    like: torch.Tensor,
 ) -> _Rows:
     """The rows that count and their weights. Without a mask, labels != -100 is the mask when
-    labels are given, every token otherwise. CE counts where labels != -100."""
-    n = math.prod(lead)
+    labels are given, every token otherwise. CE counts where labels != -100. The weights take
+    `like`'s device and (at least float32) precision."""
+    n, device, dtype = math.prod(lead), like.device, torch.promote_types(like.dtype, torch.float32)
     if mask is not None:
         _check_lead("mask", mask, lead)
         mask = mask.reshape(-1).to(device=device, dtype=torch.bool)
@@ -269,13 +271,13 @@ def _rows(
         raise ValueError(f"ce_weight={ce_weight} needs labels (the ground-truth next tokens, -100 where ignored)")
     use_ce = labels is not None and ce_weight > 0
     if mask is None:
-        return _Rows(None, n, torch.full((n,), 1.0 / max(n, 1), device=device), None, None)
+        return _Rows(None, n, torch.full((n,), 1.0 / max(n, 1), device=device, dtype=dtype), None, None)
     counted = mask | valid if use_ce else mask
     index = counted.nonzero().squeeze(-1)
-    div_weight = mask[index].float() / mask.sum().clamp(min=1)
+    div_weight = mask[index].to(dtype) / mask.sum().clamp(min=1)
     if not use_ce:
         return _Rows(index, index.numel(), div_weight, None, None)
-    ce = ce_weight * valid[index].float() / valid.sum().clamp(min=1)
+    ce = ce_weight * valid[index].to(dtype) / valid.sum().clamp(min=1)
     return _Rows(index, index.numel(), div_weight, ce, labels[index])
 
 
@@ -308,20 +310,13 @@ def distillation_loss(
     teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
     vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
     _check_ids(teacher, vocab)
-    rows = _rows(lead, mask, labels, ce_weight, vocab, student_logits.device)
+    rows = _rows(lead, mask, labels, ce_weight, vocab, student_logits)
     spec = _Spec(name, float(beta), float(temperature), vocab)
     flat = student_logits.reshape(-1, v_s)
     loss = flat[:0].sum()  # zero, on the graph: a batch with no counted token still backpropagates
     for start, end in rows.chunks(chunk_size):
-        args = (
-            spec,
-            rows.take(flat, start, end),
-            rows.teacher(teacher, start, end),
-            rows.local(rows.div_weight, start, end),
-            rows.local(rows.ce_weight, start, end),
-            rows.local(rows.labels, start, end),
-        )
-        loss = loss + (checkpoint(_rows_loss, *args, use_reentrant=False) if chunk_size else _rows_loss(*args))
+        args = (spec, rows.take(flat, start, end), teacher, start, end)
+        loss = loss + (checkpoint(rows.loss, *args, use_reentrant=False) if chunk_size else rows.loss(*args))
     return loss
 
 
@@ -376,8 +371,8 @@ class _FusedLinearLoss(torch.autograd.Function):
     logits (and their gradient) exist at a time and no matmul is repeated in backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, spec: _Spec, rows: _Rows, teacher: _Teacher, chunk_size: int | None):
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    def forward(ctx, hidden, weight, spec: _Spec, rows: _Rows, teacher: _Teacher, chunk_size: int | None, grad_mode: bool):
+        need_h, need_w = grad_mode and ctx.needs_input_grad[0], grad_mode and ctx.needs_input_grad[1]
         dtype = _compute_dtype(hidden)
         w = weight[: spec.vocab_size].to(dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
@@ -387,10 +382,7 @@ class _FusedLinearLoss(torch.autograd.Function):
             h = rows.take(hidden, start, end).to(dtype)
             with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
                 logits = _upcast(h @ w.T).requires_grad_(need_h or need_w)
-                loss = _rows_loss(
-                    spec, logits, rows.teacher(teacher, start, end), rows.local(rows.div_weight, start, end),
-                    rows.local(rows.ce_weight, start, end), rows.local(rows.labels, start, end),
-                )
+                loss = rows.loss(spec, logits, teacher, start, end)
             if need_h or need_w:
                 (g,) = torch.autograd.grad(loss, logits)
                 g = g.to(dtype)
@@ -412,7 +404,7 @@ class _FusedLinearLoss(torch.autograd.Function):
         if not torch.equal(grad_output, torch.ones_like(grad_output)):
             grad_h = None if grad_h is None else grad_h * grad_output.to(grad_h.dtype)
             grad_w = None if grad_w is None else grad_w * grad_output.to(grad_w.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def fused_divergence(
@@ -444,7 +436,8 @@ def fused_divergence(
     teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
     vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
     _check_ids(teacher, vocab)
-    rows = _rows(lead, mask, labels, ce_weight, vocab, student_hidden.device)
+    rows = _rows(lead, mask, labels, ce_weight, vocab, student_hidden)
     spec = _Spec(name, float(beta), float(temperature), vocab)
     hidden = student_hidden.reshape(-1, student_hidden.shape[-1])
-    return _FusedLinearLoss.apply(hidden, lm_head_weight, spec, rows, teacher, chunk_size)
+    # Under no_grad (evaluation) the forward skips the gradient work it would otherwise do eagerly.
+    return _FusedLinearLoss.apply(hidden, lm_head_weight, spec, rows, teacher, chunk_size, torch.is_grad_enabled())

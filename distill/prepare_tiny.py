@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from datasets import Dataset
-from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
+from transformers import AutoTokenizer, DataCollatorForLanguageModeling, PreTrainedTokenizerBase, Qwen2Config, Trainer, TrainingArguments, set_seed
 
 from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
@@ -48,6 +49,14 @@ def chat_text(tokenizer: PreTrainedTokenizerBase, example: dict[str, str]) -> st
     """One example as the target sees it in a chat: template, user prompt, assistant response."""
     messages = [{"role": "user", "content": example["prompt"]}, {"role": "assistant", "content": example["response"]}]
     return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str) -> PreTrainedTokenizerBase:
+    """The tokenizer as runs will load it from the target directory: beside a Qwen2 config,
+    AutoTokenizer gives a Qwen2Tokenizer (digits split one by one), so train the target with that."""
+    Qwen2Config().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, str]]) -> None:
@@ -116,9 +125,9 @@ def prepare(out: str | os.PathLike, force: bool = False, **overrides: Any) -> di
     set_seed(settings["seed"])
     train_rows = make_examples(settings["train_examples"], seed=settings["seed"])
     eval_rows = make_examples(settings["eval_examples"], seed=settings["seed"] + 1)
-    tokenizer = build_tokenizer(corpus_texts(train_rows), vocab_size=settings["vocab_size"])
     work = tempfile.mkdtemp(dir=out, prefix=".target.tmp-")
     try:
+        tokenizer = saved_tokenizer(build_tokenizer(corpus_texts(train_rows), vocab_size=settings["vocab_size"]), work)
         model, loss = train_target(tokenizer, [chat_text(tokenizer, r) for r in train_rows], settings, os.path.join(work, "trainer"))
         shutil.rmtree(os.path.join(work, "trainer"), ignore_errors=True)
         model.save_pretrained(work)
@@ -130,8 +139,6 @@ def prepare(out: str | os.PathLike, force: bool = False, **overrides: Any) -> di
         shutil.rmtree(work, ignore_errors=True)
     _write_jsonl(out / "train.jsonl", train_rows)
     _write_jsonl(out / "eval.jsonl", eval_rows)
-    import transformers
-
     info = {
         "settings": settings,
         "tokenizer_size": len(tokenizer),

@@ -148,11 +148,12 @@ def acceptance_table(report: dict[str, Any], highlight: set[str] = frozenset()) 
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, entry in report["drafts"].items():
-        shown = f"**{name}**" if entry.get("path") in highlight else name
+        path = entry.get("path")
+        shown = f"**{name}**" if path and (path in highlight or str(Path(path).absolute()) in highlight) else name
         for task, r in entry["tasks"].items():
             lines.append(
                 f"| {shown} | {task} | {r['acceptance_rate']:.1%} | {r['mean_accepted_length']:.2f} | {r['speedup']:.2f}× "
-                f"| {r['quality']:.3f} ({r['quality_metric']}) | {r['target_quality']:.3f} | {r['greedy_identity']:.1%} |"
+                f"| {r['quality']:.3f} ({r['quality_metric']}) | {r['target_quality']:.3f} | {'n/a (sampling)' if r['greedy_identity'] is None else format(r['greedy_identity'], '.1%')} |"
             )
     return "\n".join(lines)
 

@@ -10,7 +10,6 @@ and counts when `labels[t + 1] != -100` (see `response_mask`). Only the shared r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +25,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.data import build_eval_dataset, build_train_dataset, tokenizer_fingerprint
+from distill.data import build_eval_dataset, build_train_dataset
+from distill.vocab import tokenizer_fingerprint
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -395,9 +395,11 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     state = PartialState()
     spec = recipe.target
     tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device)
     provenance = {
-        "recipe": _recipe_dict(recipe),
+        "recipe": recipe.to_dict(),
         "recipe_path": recipe_path,
         "commit_hash": getattr(model.config, "_commit_hash", None),
         "versions": _versions(),
@@ -423,10 +425,6 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         state.wait_for_everyone()
         out[name] = where
     return out
-
-
-def _recipe_dict(recipe: Any) -> Any:
-    return dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else recipe
 
 
 def main(argv: Sequence[str] | None = None) -> int:

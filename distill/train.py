@@ -54,7 +54,8 @@ from distill.teacher import (
     teacher_logits,
     topk_logprobs,
 )
-from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_tokenizers_agree
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
+from distill.vocab import check_tokenizers_agree
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ def _zero3() -> bool:
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
     return is_deepspeed_zero3_enabled()
+
+
+def _eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the model's generation EOS ids."""
+    declared = model.generation_config.eos_token_id
+    declared = [declared] if isinstance(declared, int) else list(declared or [])
+    return sorted({e for e in (tokenizer.eos_token_id, *declared) if e is not None})
 
 
 class DistillTrainer(Trainer):
@@ -108,8 +116,7 @@ class DistillTrainer(Trainer):
         self._forward_redirection = _ForwardRedirection()
         self._eval_stats: torch.Tensor | None = None
         self._micro = (-1, 0)  # (global step, micro-batch within it): the on-policy draw's key
-        eos = [processing_class.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int) else (model.generation_config.eos_token_id or []))]
-        self.eos_token_ids = sorted({e for e in eos if e is not None})
+        self.eos_token_ids = _eos_ids(processing_class, model)
         self.generation_config = GenerationConfig(
             max_new_tokens=loss.max_new_tokens_on_policy,
             do_sample=True,
@@ -118,6 +125,8 @@ class DistillTrainer(Trainer):
             top_p=1.0,
             pad_token_id=processing_class.pad_token_id,
             eos_token_id=self.eos_token_ids,
+            # The draft's embedding padding rows are no tokens: never sample them.
+            suppress_tokens=list(range(vocab_size, model.config.get_text_config().vocab_size)) or None,
         )
 
     # ---------------------------------------------------------------- data
@@ -167,6 +176,8 @@ class DistillTrainer(Trainer):
         causal_lm = unwrapped.get_base_model() if _is_peft(unwrapped) else unwrapped
         hidden = causal_lm.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).last_hidden_state
         weight = causal_lm.get_output_embeddings().weight
+        if not torch.is_grad_enabled():  # evaluation: nothing to differentiate
+            hidden, weight = hidden.detach(), weight.detach()
         spec = self.loss_spec
         loss = losses.fused_divergence(spec.divergence, hidden, weight, chunk_size=spec.chunk_size, labels=labels, ce_weight=spec.ce_weight, **kwargs)
         stats = None

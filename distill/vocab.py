@@ -11,28 +11,43 @@ import json
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
+def _specials(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    return sorted(set(map(str, tokenizer.all_special_tokens)))
+
+
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """A short hash of the vocabulary and special tokens: equal fingerprints, same tokenizer."""
-    payload = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    """SHA-256 of the vocabulary (token -> id) and the special tokens: equal iff ids mean the same text.
+
+    `unk_token` is left out on purpose: transformers 5 loads the same files with a different
+    default for it depending on whether a config.json sits beside them (a LoRA folder has none)."""
+    payload = json.dumps([sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]), _specials(tokenizer)], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def check_tokenizers_agree(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:
-    """Raise ValueError naming the first tokens on which two tokenizers disagree."""
-    tv, dv = target.get_vocab(), draft.get_vocab()
-    if tv == dv and target.all_special_tokens == draft.all_special_tokens:
+def check_tokenizers_agree(
+    tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase, names: tuple[str, str] = ("target", "draft")
+) -> None:
+    """Raise ValueError saying which tokens differ unless both tokenizers map ids to the same tokens.
+
+    Embedding padding (152,064 vs 151,936 rows) is not a difference: only the tokenizers are compared."""
+    if tokenizer_fingerprint(tok_a) == tokenizer_fingerprint(tok_b):
         return
-    differ = sorted(
-        (tok for tok in tv.keys() | dv.keys() if tv.get(tok) != dv.get(tok)),
-        key=lambda t: min(tv.get(t, 1 << 60), dv.get(t, 1 << 60)),
-    )
-    shown = ", ".join(f"{t!r}: target id {tv.get(t)} vs draft id {dv.get(t)}" for t in differ[:5])
-    specials = ""
-    if target.all_special_tokens != draft.all_special_tokens:
-        specials = f"; special tokens {target.all_special_tokens} vs {draft.all_special_tokens}"
+    a, b = tok_a.get_vocab(), tok_b.get_vocab()
+    problems = []
+    only_a, only_b = sorted(a.keys() - b.keys(), key=a.get), sorted(b.keys() - a.keys(), key=b.get)
+    moved = sorted((t for t in a.keys() & b.keys() if a[t] != b[t]), key=a.get)
+    if only_a:
+        problems.append(f"{len(only_a)} tokens only in the {names[0]}'s ({only_a[:5]})")
+    if only_b:
+        problems.append(f"{len(only_b)} tokens only in the {names[1]}'s ({only_b[:5]})")
+    if moved:
+        problems.append(f"{len(moved)} tokens with different ids (e.g. {[(t, a[t], b[t]) for t in moved[:5]]})")
+    sa, sb = set(_specials(tok_a)), set(_specials(tok_b))
+    if sa != sb:
+        problems.append(f"special tokens {sorted(sa - sb)} vs {sorted(sb - sa)}")
     raise ValueError(
-        f"draft and target tokenizers disagree on {len(differ)} tokens ({shown}){specials}. "
-        "Speculative decoding needs the same tokenizer: use a draft of the target's family."
+        f"the {names[0]} and {names[1]} tokenizers disagree: {'; '.join(problems)}. "
+        "Distillation and speculative decoding need one shared tokenizer (e.g. two models of the Qwen2.5 family)."
     )
 
 

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from distill.losses import DIVERGENCES, divergence, fused_divergence
+from distill.losses import DIVERGENCES, distillation_loss, fused_divergence
 
 MIB = 2**20
 
@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=151936, help="LM head rows (Qwen2.5-0.5B: 151,936)")
     p.add_argument("--hidden", type=int, default=896, help="hidden size (Qwen2.5-0.5B: 896)")
     p.add_argument("--divergence", default="forward_kl", choices=DIVERGENCES)
+    p.add_argument("--teacher", default="dense", choices=["dense", "topk"], help="full teacher logits, or a top-k cache")
+    p.add_argument("--top-k", type=int, default=32, help="teacher ids per token with --teacher topk")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256], help="fused variants to run, tokens per chunk")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -54,17 +56,25 @@ def _child(args: argparse.Namespace) -> dict:
     """Build the inputs, run the variant warm-up + repeats times, report its peak and times."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    # In-place scaling: building the inputs must not raise the high-water mark above the inputs.
     hidden = torch.randn(1, args.tokens, args.hidden, generator=gen).to(device, dtype).requires_grad_()
-    weight = (torch.randn(args.vocab, args.hidden, generator=gen) * args.hidden**-0.5).to(device, dtype).requires_grad_()
-    teacher = (torch.randn(1, args.tokens, args.vocab, generator=gen) * 2).to(device, dtype)
+    weight = torch.randn(args.vocab, args.hidden, generator=gen).mul_(args.hidden**-0.5).to(device, dtype).requires_grad_()
+    if args.teacher == "dense":
+        teacher = {"teacher_logits": torch.randn(1, args.tokens, args.vocab, generator=gen).mul_(2).to(device, dtype)}
+    else:  # k distinct ids per token (one per stride of the vocabulary), 90% of the mass, sorted
+        k, stride = args.top_k, args.vocab // args.top_k
+        ids = torch.arange(k) * stride + torch.randint(0, stride, (1, args.tokens, k), generator=gen)
+        probs = torch.randn(1, args.tokens, k, generator=gen).mul_(2).softmax(-1).sort(-1, descending=True)
+        teacher = {"teacher_topk_ids": ids.gather(-1, probs.indices).to(device),
+                   "teacher_topk_logprobs": (probs.values * 0.9).log().to(device)}
     cuda = device.type == "cuda"
 
     def step() -> float:
         hidden.grad = weight.grad = None
         if args.variant == "unchunked":
-            loss = divergence(args.divergence, hidden @ weight.T, teacher)
+            loss = distillation_loss(args.divergence, hidden @ weight.T, **teacher)
         else:
-            loss = fused_divergence(args.divergence, hidden, weight, teacher_logits=teacher, chunk_size=int(args.variant))
+            loss = fused_divergence(args.divergence, hidden, weight, **teacher, chunk_size=int(args.variant))
         loss.backward()
         return loss.item()
 
@@ -74,6 +84,7 @@ def _child(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats()
     else:
         baseline = _rss_bytes()
+    setup_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     times, loss = [], step()
     for _ in range(args.repeats):
         if cuda:
@@ -84,6 +95,8 @@ def _child(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if not cuda and peak <= setup_peak:
+        print(f"warning: {args.variant}: the peak was reached while building the inputs", file=sys.stderr)
     return {"variant": args.variant, "loss": loss, "peak": peak, "baseline": baseline, "times": times}
 
 
@@ -111,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     base_time, base_peak, base_extra = min(base["times"]), base["peak"], base["peak"] - base["baseline"]
     print(f"\n`python scripts/bench_loss.py {shlex.join(argv)}`\n")
     print(
-        f"{args.tokens:,} tokens x {args.vocab:,} vocab x hidden {args.hidden}, {args.divergence}, {args.dtype} on "
+        f"{args.tokens:,} tokens x {args.vocab:,} vocab x hidden {args.hidden}, {args.divergence}, "
+        f"{'dense teacher logits' if args.teacher == 'dense' else f'top-{args.top_k} teacher'}, {args.dtype} on "
         f"{args.device} ({torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}); "
         f"forward+backward, fastest of {args.rounds * args.repeats} timed runs after a warm-up\n"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 from pathlib import Path
@@ -14,14 +13,13 @@ from distill.data import (
     DataCollatorForDistill,
     build_eval_dataset,
     build_train_dataset,
-    check_tokenizers_agree,
     detect_adapter,
     generate_responses,
     load_examples,
     tokenize_example,
-    tokenizer_fingerprint,
 )
 from distill.recipe import DataSpec
+from distill.vocab import check_tokenizers_agree, tokenizer_fingerprint
 from distill.tiny import build_tokenizer
 
 GSM8K_TRAIN = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -211,23 +209,28 @@ def test_tokenizer_fingerprint_and_agreement(tmp_path, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def saved_target(tmp_path_factory, target, tokenizer, examples):
-    """The tiny target, trained a few steps so its greedy answers depend on the prompt (a random
-    init with tied embeddings just repeats its last input token), saved, then loaded with from_pretrained."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def saved_target(tmp_path_factory, tokenizer):
+    """A tiny target (embedding padded past the tokenizer) as a user has it: saved, then loaded with
+    from_pretrained. Untied head and a wide init, so its greedy answers differ from prompt to prompt
+    (a tied random init only repeats its last input token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    model = copy.deepcopy(target).train()
-    rows = [tokenize_example(tokenizer, [{"role": "user", "content": e["prompt"]}], e["response"], 64, 96) for e in examples[:256]]
-    collate = DataCollatorForDistill(tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    torch.manual_seed(0)
-    for step in range(40):
-        batch = collate([rows[i] for i in torch.randint(len(rows), (16,)).tolist()])
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer) + 32,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(1)
     path = tmp_path_factory.mktemp("target")
-    model.save_pretrained(path)
+    Qwen2ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
@@ -261,6 +264,7 @@ def test_seq_kd_cache_round_trip_is_greedy_and_resumes(tmp_path, saved_target, e
     assert calls == [4, 2]  # 6 unique prompts, batches of 4
     assert [o["messages"] for o in out] == [e["messages"] for e in exs]
     assert out[-1]["response"] == out[0]["response"]
+    assert len({o["response"] for o in out}) == 6  # answers depend on the prompt
 
     # each cached response is the target's own greedy continuation of that prompt alone
     for ex, got in zip(exs[:3], out[:3]):
@@ -289,10 +293,14 @@ def test_seq_kd_killed_run_resumes_where_it_stopped(tmp_path, saved_target, exam
     count_generate(monkeypatch, model, fail_after=1)
     with pytest.raises(RuntimeError, match="killed"):
         generate_responses(model, tok, exs, max_new_tokens=8, cache_path=cache, batch_size=4)
-    assert not cache.exists() and len(Path(f"{cache}.partial").read_text().splitlines()) == 4
+    partial = Path(f"{cache}.partial")
+    assert not cache.exists() and len(partial.read_text().splitlines()) == 4
+    with open(partial, "a") as f:
+        f.write('{"key": "half a li')  # killed in the middle of a write
     calls = count_generate(monkeypatch, model)
     resumed = generate_responses(model, tok, exs, max_new_tokens=8, cache_path=cache, batch_size=4)
     assert calls == [2]  # only the prompts the killed run had not finished
+    assert len(cache.read_text().splitlines()) == 6 and not partial.exists()
     fresh = generate_responses(model, tok, exs, max_new_tokens=8, cache_path=tmp_path / "fresh.jsonl", batch_size=4)
     assert resumed == fresh
 

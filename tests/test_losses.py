@@ -288,6 +288,10 @@ def test_fused_float32_chunked_matches_unchunked():
     torch.testing.assert_close(fused, plain)
     for a, b in zip(_grad(fused, hidden, weight), _grad(plain, hidden, weight)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # evaluation: the same value, no graph
+        evaluated = fused_divergence("forward_kl", hidden, weight, teacher_logits=t, chunk_size=16)
+    assert not evaluated.requires_grad
+    torch.testing.assert_close(evaluated, plain.detach())
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.speculative.sampling import greedy_accept, rejection_accept, sample, warp
 from distill.speculative.schedule import make_schedule
+from distill.speculative.static import BACKENDS, StaticLoop, graphs_available, static_problem
 from distill.speculative.stats import SpecStats
 from distill.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
 
@@ -80,7 +81,11 @@ class SpeculativeDecoder:
 
     Greedy output equals `target.generate(do_sample=False)` token for token; sampled output
     follows the target's distribution exactly. Pass the tokenizers to have them checked; the
-    draft's logits are limited to the vocabulary both models share (`vocab_size`)."""
+    draft's logits are limited to the vocabulary both models share (`vocab_size`).
+
+    `backend`: "eager" (this loop, caches that grow), "static" (preallocated caches, each round
+    replayed as CUDA graphs on CUDA; greedy only: `distill.speculative.static`), or "auto":
+    static for greedy decoding on CUDA, eager otherwise."""
 
     def __init__(
         self,
@@ -91,7 +96,10 @@ class SpeculativeDecoder:
         tokenizer: PreTrainedTokenizerBase | None = None,
         draft_tokenizer: PreTrainedTokenizerBase | None = None,
         vocab_size: int | None = None,
+        backend: str = "auto",
     ):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be at least 1, got {num_draft_tokens}")
         t_dev, d_dev = next(target.parameters()).device, next(draft.parameters()).device
@@ -109,6 +117,10 @@ class SpeculativeDecoder:
         self.target_vocab = target.config.get_text_config().vocab_size
         self.draft_rows = draft.get_input_embeddings().num_embeddings
         self.context = min(_context_length(target), _context_length(draft))
+        problems = [p for p in (static_problem(target, "target"), static_problem(draft, "draft")) if p]
+        if backend == "static" and problems:
+            raise ValueError(problems[0])
+        self.backend, self._static, self._static_ok = backend, None, not problems
 
     @torch.inference_mode()
     def generate(
@@ -130,6 +142,9 @@ class SpeculativeDecoder:
         eos = _ids(eos_token_id if eos_token_id is not None else gen_cfg.eos_token_id)
         pad = pad_token_id if pad_token_id is not None else gen_cfg.pad_token_id
         pad = pad if pad is not None else (eos[0] if eos else 0)
+        if self._uses_static(do_sample):
+            self._static = self._static or StaticLoop.for_decoder(self)
+            return self._static.generate(input_ids, mask, max_new_tokens, eos, pad, start)
         eos_ids = torch.tensor(eos or [-1], device=self.device)
         generator = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
         choose = (lambda logits: sample(warp(logits, temperature, top_p), generator)) if do_sample else (lambda logits: logits.argmax(-1))
@@ -220,6 +235,12 @@ class SpeculativeDecoder:
             torch.cuda.synchronize(self.device)
         stats.wall_s = time.perf_counter() - start
         return SpecOutput(torch.cat([input_ids, out[:, : max(lengths)]], 1), stats)
+
+    def _uses_static(self, do_sample: bool) -> bool:
+        if self.backend == "static" and do_sample:
+            raise ValueError("the static backend decodes greedily only: use backend='eager' (or 'auto') for do_sample=True")
+        auto = self.backend == "auto" and self._static_ok and not do_sample and graphs_available(self.device)
+        return self.backend == "static" or auto
 
     def _drop_finished(self, rows, lengths, done, last, pending, target: _Model, draft: _Model):
         """Remove rows that reached EOS from both caches and the loop state."""

@@ -1,0 +1,179 @@
+"""The teacher signal: response masks, top-k on the real vocabulary, the frozen online teacher, and
+the offline cache (round trip, manifest checks, resume, and the same sparse loss as online)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoTokenizer
+
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
+from distill.vocab import tokenizer_fingerprint
+from distill.recipe import load_recipe
+from distill.teacher import (
+    SHARD_PATTERN,
+    CachedTeacherCollator,
+    CacheMismatchError,
+    TeacherCache,
+    cache_dirs,
+    cache_identity,
+    finish_cache,
+    main,
+    prepare_teacher,
+    response_mask,
+    topk_logprobs,
+    write_cache,
+)
+from distill.tiny import build_tokenizer
+
+TOP_K = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer, target, examples):
+    """A saved target (embedding padded +32 past the tokenizer) and prompt/response JSONL files."""
+    root = tmp_path_factory.mktemp("teacher")
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    for name, rows in (("train.jsonl", examples[:10]), ("eval.jsonl", examples[300:306])):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tiny_dir):
+    """The target's tokenizer as every run loads it (from the saved target directory)."""
+    return AutoTokenizer.from_pretrained(tiny_dir / "target")
+
+
+def recipe_dict(root, tokenizer, **sections) -> dict:
+    d = {
+        "seed": 0,
+        "output_dir": str(root / "out"),
+        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
+        "draft": {
+            "dtype": "float32",
+            "config": {
+                "vocab_size": len(tokenizer) + 8, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
+            },
+        },
+        "data": {
+            "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
+            "eval_samples": 6, "max_prompt_length": 40, "max_length": 64,
+        },
+        "teacher": {"mode": "cache", "cache_dir": str(root / "cache"), "top_k": TOP_K, "batch_size": 3},
+        "loss": {"divergence": "forward_kl"},
+        "training": {"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": ["none"]},
+    }
+    for key, value in sections.items():
+        d[key] = {**d[key], **value}
+    return d
+
+
+def test_response_mask_marks_positions_predicting_response_tokens():
+    labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])
+    assert response_mask(labels).tolist() == [[False, True, True, False, False], [True, True, True, True, False]]
+
+
+def test_topk_skips_padding_rows_and_normalises_over_real_vocab():
+    logits = torch.tensor([[[0.0, 1.0, 2.0, 50.0, 60.0]]])  # rows 3, 4 are embedding padding
+    ids, logps = topk_logprobs(logits, 2, vocab_size=3)
+    assert ids.tolist() == [[[2, 1]]]
+    expected = torch.log_softmax(torch.tensor([0.0, 1.0, 2.0]), -1)[[2, 1]]
+    torch.testing.assert_close(logps[0, 0], expected)
+    with pytest.raises(ValueError, match="top_k"):
+        topk_logprobs(logits, 4, vocab_size=3)
+
+
+def test_online_teacher_is_frozen_in_eval_mode(target):
+    from accelerate import Accelerator
+
+    teacher = prepare_teacher(copy.deepcopy(target).train(), Accelerator(cpu=True))
+    assert not teacher.training
+    assert not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_cache_round_trip_manifest_and_resume(tiny_dir, saved_tokenizer, target):
+    tokenizer = saved_tokenizer
+    recipe_path = tiny_dir / "recipe.yaml"
+    recipe_path.write_text(yaml.safe_dump(recipe_dict(tiny_dir, tokenizer)))
+    assert main([str(recipe_path), "--shard-size", "4"]) == 0
+    where = cache_dirs(tiny_dir / "cache")
+    cache = TeacherCache(where["train"])
+    manifest = cache.manifest
+    assert manifest["complete"] and manifest["num_examples"] == 10 and manifest["num_shards"] == 3
+    assert manifest["top_k"] == TOP_K and manifest["dtype"] == "float32" and manifest["vocab_size"] == len(tokenizer)
+    assert manifest["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
+    assert manifest["target"] == str(tiny_dir / "target") and manifest["recipe"]["teacher"]["top_k"] == TOP_K
+    assert {"torch", "transformers", "distill"} <= manifest["versions"].keys()
+    assert TeacherCache(where["eval"]).manifest["num_examples"] == 6
+
+    # Each example's rows are the target's top-k on its response positions, ids on the real vocabulary.
+    recipe = load_recipe(recipe_dict(tiny_dir, tokenizer))
+    dataset = build_train_dataset(recipe.data, tokenizer)
+    row = dataset[5]
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([row["input_ids"]])).logits
+    ids, logps = topk_logprobs(logits, TOP_K, len(tokenizer))
+    positions = response_mask(torch.tensor([row["labels"]]))[0].nonzero().squeeze(-1)
+    pos, cached_ids, cached_logps = cache.example(5)
+    assert pos.tolist() == positions.tolist() and len(pos) > 0
+    assert torch.equal(cached_ids, ids[0, positions])
+    torch.testing.assert_close(cached_logps, logps[0, positions], atol=1e-5, rtol=1e-5)
+    assert int(cached_ids.max()) < len(tokenizer) < target.config.vocab_size
+
+    # A lost shard makes the cache unreadable until a rerun fills exactly that shard.
+    before = {s: (where["train"] / SHARD_PATTERN.format(s)).stat().st_mtime_ns for s in (0, 2)}
+    (where["train"] / SHARD_PATTERN.format(1)).unlink()
+    with pytest.raises(CacheMismatchError, match="incomplete"):
+        TeacherCache(where["train"])
+    assert main([str(recipe_path), "--shard-size", "4"]) == 0
+    assert {s: (where["train"] / SHARD_PATTERN.format(s)).stat().st_mtime_ns for s in (0, 2)} == before
+    again = TeacherCache(where["train"]).example(5)
+    assert all(torch.equal(a, b) for a, b in zip(again, (pos, cached_ids, cached_logps)))
+
+    # A cache for other data, another tokenizer or fewer entries per position is refused.
+    identity = cache_identity(str(tiny_dir / "target"), None, tokenizer, dataset)
+    cache.check(identity, TOP_K)
+    with pytest.raises(CacheMismatchError, match="top_k"):
+        cache.check(identity, TOP_K + 1)
+    with pytest.raises(CacheMismatchError, match="dataset_fingerprint"):
+        cache.check(cache_identity(str(tiny_dir / "target"), None, tokenizer, dataset.select(range(9))))
+    other = build_tokenizer(["a completely different corpus", "of words"], vocab_size=300)
+    with pytest.raises(CacheMismatchError, match="tokenizer_fingerprint"):
+        cache.check({**identity, "tokenizer_fingerprint": tokenizer_fingerprint(other)})
+    with pytest.raises(CacheMismatchError, match="different teacher cache"):
+        write_cache(target, dataset, where["train"], identity, top_k=TOP_K + 1, pad_token_id=tokenizer.pad_token_id, shard_size=4)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 2e-3)])
+def test_cached_sparse_loss_equals_online_sparse_loss(tiny_dir, saved_tokenizer, target, dtype, tol):
+    tokenizer = saved_tokenizer
+    from distill.train import build_trainer
+
+    cache_dir = tiny_dir / f"cache-{dtype}"
+    online = load_recipe(recipe_dict(tiny_dir, tokenizer, teacher={"mode": "online"}, loss={"top_k": TOP_K}))
+    cached = load_recipe(recipe_dict(tiny_dir, tokenizer, teacher={"cache_dir": str(cache_dir)}, loss={"top_k": TOP_K}))
+    dataset = build_train_dataset(online.data, tokenizer)
+    identity = cache_identity(online.target.name_or_path, None, tokenizer, dataset)
+    write_cache(target, dataset, cache_dirs(cache_dir)["train"], identity, top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, batch_size=3, shard_size=4, dtype=dtype)
+    finish_cache(cache_dirs(cache_dir)["train"])
+    eval_ds = build_eval_dataset(online.data, tokenizer)
+    write_cache(target, eval_ds, cache_dirs(cache_dir)["eval"], cache_identity(online.target.name_or_path, None, tokenizer, eval_ds), top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
+    finish_cache(cache_dirs(cache_dir)["eval"])
+
+    t_online, t_cached = build_trainer(online), build_trainer(cached)
+    features = [dict(dataset[i], example_index=i) for i in (0, 3, 7, 9)]
+    batch_online = DataCollatorForDistill(tokenizer)([{k: v for k, v in f.items() if k != "example_index"} for f in features])
+    batch_cached = CachedTeacherCollator(DataCollatorForDistill(tokenizer), TeacherCache(cache_dirs(cache_dir)["train"]))(features)
+    assert torch.equal(batch_cached["input_ids"], batch_online["input_ids"])
+    with torch.no_grad():
+        loss_online = t_online.compute_loss(t_online.model, batch_online)
+        loss_cached = t_cached.compute_loss(t_cached.model, batch_cached)
+    assert loss_online.item() > 0
+    torch.testing.assert_close(loss_cached, loss_online, atol=tol, rtol=tol)
