@@ -12,6 +12,7 @@ COMMANDS = {
     "accept": ("distill.eval.acceptance", "acceptance, speedup and task quality of drafts under a target"),
     "bench": ("distill.speedup", "measure c and v(k), predict speedup, pick the best k"),
     "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint"),
+    "prepare-tiny": ("distill.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on"),
 }
 
 

@@ -108,6 +108,7 @@ class _Spec:
     beta: float
     temperature: float
     vocab_size: int
+    divergence_weight: float = 1.0
 
 
 @dataclass
@@ -171,7 +172,9 @@ def _rows_loss(
         student_logp, teacher_logp = sparse_log_probs(
             logits, teacher.topk_ids, _upcast(teacher.topk_logprobs.detach()), t
         )
-    loss = (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()
+    loss = logits[:0].sum()
+    if spec.divergence_weight:
+        loss = loss + spec.divergence_weight * (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()
     if ce_weight is not None:
         loss = loss + (ce_weight * F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="none")).sum()
     return loss
@@ -181,7 +184,7 @@ def _rows_loss(
 # Checks and preparation
 
 
-def _check_options(name: str, beta: float, temperature: float, chunk_size: int | None, ce_weight: float = 0.0) -> None:
+def _check_options(name: str, beta: float, temperature: float, chunk_size: int | None, ce_weight: float = 0.0, divergence_weight: float = 1.0) -> None:
     if name not in DIVERGENCES:
         raise ValueError(f"unknown divergence {name!r}: choose one of {', '.join(DIVERGENCES)}")
     if not 0 <= beta <= 1:
@@ -190,6 +193,8 @@ def _check_options(name: str, beta: float, temperature: float, chunk_size: int |
         raise ValueError(f"temperature={temperature} must be a positive finite number (1.0 leaves the logits as they are)")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size={chunk_size!r} must be a positive number of tokens, or None for one chunk")
+    if not (math.isfinite(divergence_weight) and divergence_weight >= 0):
+        raise ValueError(f"divergence_weight={divergence_weight} must be a finite number >= 0 (0 trains on cross-entropy alone)")
     if not (math.isfinite(ce_weight) and ce_weight >= 0):
         raise ValueError(f"ce_weight={ce_weight} must be a finite number >= 0 (0 turns the cross-entropy term off)")
 
@@ -299,11 +304,12 @@ def distillation_loss(
     beta: float = 0.5,
     chunk_size: int | None = None,
     vocab_size: int | None = None,
+    divergence_weight: float = 1.0,
 ) -> torch.Tensor:
-    """The combined objective: mean divergence over `mask` + ce_weight × mean CE of the student's
+    """The combined objective: divergence_weight × mean divergence over `mask` + ce_weight × mean CE of the student's
     (untempered) logits on `labels` (aligned with the logits, already shifted; -100 ignored).
     With chunk_size, rows are processed in chunks recomputed in backward (activation checkpointing)."""
-    _check_options(name, beta, temperature, chunk_size, ce_weight)
+    _check_options(name, beta, temperature, chunk_size, ce_weight, divergence_weight)
     if student_logits.dim() < 2:
         raise ValueError(f"student_logits has shape {list(student_logits.shape)}, expected [B, T, V_s]")
     lead, v_s = student_logits.shape[:-1], student_logits.shape[-1]
@@ -311,7 +317,7 @@ def distillation_loss(
     vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
     _check_ids(teacher, vocab)
     rows = _rows(lead, mask, labels, ce_weight, vocab, student_logits)
-    spec = _Spec(name, float(beta), float(temperature), vocab)
+    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight))
     flat = student_logits.reshape(-1, v_s)
     loss = flat[:0].sum()  # zero, on the graph: a batch with no counted token still backpropagates
     for start, end in rows.chunks(chunk_size):
@@ -381,7 +387,7 @@ class _FusedLinearLoss(torch.autograd.Function):
         for start, end in rows.chunks(chunk_size):
             h = rows.take(hidden, start, end).to(dtype)
             with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
-                logits = _upcast(h @ w.T).requires_grad_(need_h or need_w)
+                logits = _upcast((h @ w.T).detach()).requires_grad_(need_h or need_w)
                 loss = rows.loss(spec, logits, teacher, start, end)
             if need_h or need_w:
                 (g,) = torch.autograd.grad(loss, logits)
@@ -422,11 +428,12 @@ def fused_divergence(
     vocab_size: int | None = None,
     labels: torch.Tensor | None = None,
     ce_weight: float = 0.0,
+    divergence_weight: float = 1.0,
 ) -> torch.Tensor:
     """`distillation_loss` of the logits student_hidden [B, T, H] @ lm_head_weight[V_s, H].T,
     computed `chunk_size` counted tokens at a time: at most chunk_size × V_s student logits exist at
     once. The LM head must have no bias (true of Qwen2.5); gradients reach hidden and weight."""
-    _check_options(name, beta, temperature, chunk_size, ce_weight)
+    _check_options(name, beta, temperature, chunk_size, ce_weight, divergence_weight)
     if student_hidden.dim() < 2 or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != student_hidden.shape[-1]:
         raise ValueError(
             f"student_hidden {list(student_hidden.shape)} and lm_head_weight {list(lm_head_weight.shape)} "
@@ -437,7 +444,7 @@ def fused_divergence(
     vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
     _check_ids(teacher, vocab)
     rows = _rows(lead, mask, labels, ce_weight, vocab, student_hidden)
-    spec = _Spec(name, float(beta), float(temperature), vocab)
+    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight))
     hidden = student_hidden.reshape(-1, student_hidden.shape[-1])
     # Under no_grad (evaluation) the forward skips the gradient work it would otherwise do eagerly.
     return _FusedLinearLoss.apply(hidden, lm_head_weight, spec, rows, teacher, chunk_size, torch.is_grad_enabled())

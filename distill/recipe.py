@@ -116,6 +116,7 @@ class LossSpec:
     divergence: Divergence = "forward_kl"
     beta: float = field(default=0.5, metadata=_UNIT)
     temperature: float = field(default=1.0, metadata=_POSITIVE)
+    divergence_weight: float = field(default=1.0, metadata=_NON_NEGATIVE)  # 0 with ce_weight > 0: plain CE baseline
     ce_weight: float = field(default=0.0, metadata=_NON_NEGATIVE)
     top_k: int | None = field(default=None, metadata=_POSITIVE)
     chunk_size: int = field(default=1024, metadata=_POSITIVE)
@@ -300,6 +301,8 @@ def _cross_checks(r: Recipe) -> list[str]:
     errors = []
     if (r.draft.name_or_path is None) == (r.draft.config is None):
         errors.append("draft: set exactly one of draft.name_or_path (load weights) or draft.config (fresh init)")
+    if r.loss.divergence_weight == 0 and r.loss.ce_weight == 0:
+        errors.append("loss: divergence_weight and ce_weight are both 0, so nothing is trained; set one above 0")
     if r.teacher.mode == "cache" and not r.teacher.cache_dir:
         errors.append("teacher.cache_dir: required when teacher.mode is 'cache' (where `distill cache-teacher` wrote it)")
     if r.teacher.mode == "cache" and r.loss.top_k is not None and r.loss.top_k > r.teacher.top_k:
@@ -372,6 +375,7 @@ def save_recipe(recipe: Recipe, path: str | os.PathLike) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yaml.safe_dump(recipe.to_dict(), f, sort_keys=False)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

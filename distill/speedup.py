@@ -6,10 +6,13 @@ tokens / one target step. This module measures c and v(k) for a pair on the curr
 predicts the speedup, picks k, and runs the real verification loop with a draft whose proposals
 the target accepts at a controlled rate (`SyntheticDraft`), so the acceptance → speedup curve can
 be measured for any model shape (random weights of Qwen2.5-7B / 0.5B shape) without training.
+Every measurement times the loop the decoder runs (`--backend`: eager, or static caches with
+CUDA graphs), target-only baseline included.
 
     distill bench                                            # tiny pair built on the spot (CPU)
     distill bench --target T --draft D --ks 1..8 --json bench.json
-    distill bench --model-config-target 7b.json --model-config-draft 0.5b.json \\
+    distill bench --model-config-target recipes/model_configs/qwen2.5-7b-instruct.json \\
+        --model-config-draft recipes/model_configs/qwen2.5-0.5b-instruct.json \\
         --synthetic-acceptance 0.5,0.7,0.9 --device cuda --dtype bfloat16
 """
 
@@ -36,7 +39,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 import distill
 from distill.docs import markdown_table, write_section
 from distill.speculative import SpecStats, SpeculativeDecoder
-from distill.speculative.static import BACKENDS, StaticLoop, graphs_available, measure_costs_static, static_problem, target_only_generate
+from distill.speculative.static import (
+    BACKENDS,
+    StaticLoop,
+    graphs_available,
+    measure_costs_static,
+    static_problem,
+    target_only_generate,
+)
 from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
 # ---------------------------------------------------------------------------------------------

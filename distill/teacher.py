@@ -31,6 +31,7 @@ from distill.vocab import tokenizer_fingerprint
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
+MAX_OPEN_SHARDS = 64
 CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Cache fields that must equal the run's for the cache to be used (the rest is provenance).
 _IDENTITY_KEYS = ("format", "target", "revision", "tokenizer_fingerprint", "vocab_size", "dataset_fingerprint", "num_examples")
@@ -324,6 +325,8 @@ class TeacherCache:
 
     def _shard(self, s: int) -> Any:
         if s not in self._handles:
+            if len(self._handles) >= MAX_OPEN_SHARDS:  # keep the number of open files bounded
+                self._handles.pop(next(iter(self._handles)))
             self._handles[s] = safe_open(str(self.cache_dir / SHARD_PATTERN.format(s)), framework="pt")
         return self._handles[s]
 

@@ -3,12 +3,14 @@ on it, and small `Qwen2ForCausalLM` models, so the whole pipeline runs on a CPU 
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -63,12 +65,15 @@ def make_examples(n: int, seed: int = 0) -> list[dict[str, str]]:
     return [dict(zip(("prompt", "response"), (_arithmetic if rng.random() < 0.5 else _story)(rng))) for _ in range(n)]
 
 
-def build_tokenizer(texts: Sequence[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on `texts`, with Qwen2.5's special tokens and chat template."""
+def build_tokenizer(texts: Sequence[str], vocab_size: int = 512) -> Qwen2Tokenizer:
+    """A Qwen2 tokenizer (Qwen2.5's byte-level BPE pre-tokenization, special tokens and chat
+    template) whose merges are trained on `texts`; it saves and reloads as itself."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
@@ -76,8 +81,10 @@ def build_tokenizer(texts: Sequence[str], vocab_size: int = 512) -> PreTrainedTo
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json.loads(tok.to_str())["model"]["merges"]]
+    hf = Qwen2Tokenizer(
+        vocab=tok.get_vocab(),
+        merges=merges,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
@@ -100,7 +107,7 @@ def tiny_qwen2(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 1024,
-    tokenizer: PreTrainedTokenizerFast | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
     tie_word_embeddings: bool = True,
     initializer_range: float = 0.02,

@@ -41,6 +41,7 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint
 
 from distill import losses
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
 from distill.recipe import save_recipe
 from distill.teacher import (
     CachedTeacherCollator,
@@ -54,12 +55,13 @@ from distill.teacher import (
     teacher_logits,
     topk_logprobs,
 )
-from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
 from distill.vocab import check_tokenizers_agree
 
 logger = logging.getLogger(__name__)
 
 TRAIN_COLUMNS = ("input_ids", "attention_mask", "labels")
+# transformers 5.x renamed gradient_checkpointing (kept as a deprecated alias) to activation_checkpointing.
+_CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
 
 
 def _is_peft(model: torch.nn.Module) -> bool:
@@ -114,7 +116,7 @@ class DistillTrainer(Trainer):
         from trl.models.utils import _ForwardRedirection
 
         self._forward_redirection = _ForwardRedirection()
-        self._eval_stats: torch.Tensor | None = None
+        self._eval_stats = torch.zeros(3, dtype=torch.float64)
         self._micro = (-1, 0)  # (global step, micro-batch within it): the on-policy draw's key
         self.eos_token_ids = _eos_ids(processing_class, model)
         self.generation_config = GenerationConfig(
@@ -172,53 +174,56 @@ class DistillTrainer(Trainer):
         # Under ZeRO-3 the head's weight only exists inside its own forward: use the model's logits instead.
         return plain_head and not scaled and not _zero3()
 
-    def _fused_student(self, unwrapped: torch.nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any], labels: torch.Tensor, with_stats: bool):
+    def _fused_student(self, unwrapped: torch.nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any], labels: torch.Tensor, stats_signal: dict | None):
         causal_lm = unwrapped.get_base_model() if _is_peft(unwrapped) else unwrapped
         hidden = causal_lm.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).last_hidden_state
         weight = causal_lm.get_output_embeddings().weight
         if not torch.is_grad_enabled():  # evaluation: nothing to differentiate
             hidden, weight = hidden.detach(), weight.detach()
         spec = self.loss_spec
-        loss = losses.fused_divergence(spec.divergence, hidden, weight, chunk_size=spec.chunk_size, labels=labels, ce_weight=spec.ce_weight, **kwargs)
+        loss = losses.fused_divergence(spec.divergence, hidden, weight, chunk_size=spec.chunk_size, labels=labels, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
         stats = None
-        if with_stats:
+        if stats_signal is not None:
             h, w = hidden.detach(), weight.detach()
-            stats = self._token_stats(lambda sel: h[sel] @ w.T, kwargs)
+            stats = self._token_stats(lambda sel: h[sel] @ w.T, stats_signal, kwargs["mask"])
         return loss, stats
 
     def _loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], with_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         mask = response_mask(inputs["labels"])
         shifted = torch.full_like(inputs["labels"], -100)
         shifted[:, :-1] = inputs["labels"][:, 1:]
-        kwargs = self._loss_kwargs(self._teacher_signal(inputs, mask), mask)
+        signal = self._teacher_signal(inputs, mask)
+        kwargs = self._loss_kwargs(signal, mask)
+        stats_signal = signal if with_stats else None
         unwrapped = self.accelerator.unwrap_model(model)
         causal_lm = unwrapped.get_base_model() if _is_peft(unwrapped) else unwrapped
         if self._fused_ok(causal_lm):
             # Through the wrapper's forward, so DDP/DeepSpeed hooks fire although we call the backbone directly.
-            return self._forward_redirection(model, unwrapped, self._fused_student, unwrapped, inputs, kwargs, shifted, with_stats)
+            return self._forward_redirection(model, unwrapped, self._fused_student, unwrapped, inputs, kwargs, shifted, stats_signal)
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
         spec = self.loss_spec
-        loss = losses.distillation_loss(spec.divergence, logits, chunk_size=spec.chunk_size, labels=shifted, ce_weight=spec.ce_weight, **kwargs)
-        stats = self._token_stats(lambda sel: logits.detach()[sel], kwargs) if with_stats else None
+        loss = losses.distillation_loss(spec.divergence, logits, chunk_size=spec.chunk_size, labels=shifted, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
+        stats = self._token_stats(lambda sel: logits.detach()[sel], signal, mask) if with_stats else None
         return loss, stats
 
     @torch.no_grad()
-    def _token_stats(self, student_logits_at: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    def _token_stats(self, student_logits_at: Any, signal: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """[sum of TVD, count of equal argmaxes, token count] over the masked positions (temperature 1,
-        shared vocabulary), computed `chunk_size` positions at a time."""
-        rows, cols = kwargs["mask"].nonzero(as_tuple=True)
-        total = torch.zeros(3, dtype=torch.float64, device=kwargs["mask"].device)
+        shared vocabulary), `chunk_size` positions at a time. Exact with the online teacher's logits;
+        from a cache, TVD over its k+1 buckets (a lower bound, so acceptance reads slightly high)."""
+        rows, cols = mask.nonzero(as_tuple=True)
+        total = torch.zeros(3, dtype=torch.float64, device=mask.device)
         V = self.vocab_size
         for c in range(0, len(rows), self.loss_spec.chunk_size):
             sel = (rows[c : c + self.loss_spec.chunk_size], cols[c : c + self.loss_spec.chunk_size])
             s = student_logits_at(sel).float()
             n = len(sel[0])
-            if "teacher_logits" in kwargs:
-                t = kwargs["teacher_logits"][sel].float()
+            if "teacher_logits" in signal:
+                t = signal["teacher_logits"][sel].float()
                 tvd = losses.divergence("tvd", s[None], t[None], vocab_size=V)
                 t_top = t[:, :V].argmax(-1)
             else:
-                ids, lps = kwargs["teacher_topk_ids"][sel], kwargs["teacher_topk_logprobs"][sel]
+                ids, lps = signal["teacher_topk_ids"][sel], signal["teacher_topk_logprobs"][sel]
                 tvd = losses.sparse_divergence("tvd", s[None], ids[None], lps[None], vocab_size=V)
                 t_top = ids[:, 0]
             agree = (s[:, :V].argmax(-1) == t_top).sum()
@@ -257,7 +262,8 @@ class DistillTrainer(Trainer):
         prompt_mask = torch.zeros_like(prompt_ids)
         for i, p in enumerate(prompts):
             prompt_ids[i, width - len(p) :], prompt_mask[i, width - len(p) :] = p, 1
-        with unwrap_model_for_generation(model, self.accelerator, gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as m:
+        checkpointing_kwargs = getattr(self.args, f"{_CHECKPOINTING}_kwargs", None)
+        with unwrap_model_for_generation(model, self.accelerator, gradient_checkpointing_kwargs=checkpointing_kwargs) as m:
             was_training = m.training
             m.eval()
             out = m.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config)
@@ -295,17 +301,16 @@ class DistillTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss, stats = self._loss(model, inputs, with_stats=True)
-        self._eval_stats = stats if self._eval_stats is None else self._eval_stats + stats.to(self._eval_stats.device)
+        self._eval_stats += stats.to(self._eval_stats.device)
         return loss.detach(), None, None
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"):
-        self._eval_stats = None
+        self._eval_stats = torch.zeros(3, dtype=torch.float64, device=self.args.device)
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        if self._eval_stats is not None:
-            tvd, agree, n = self.accelerator.reduce(self._eval_stats, reduction="sum").tolist()
-            if n > 0:
-                output.metrics[f"{metric_key_prefix}_expected_acceptance"] = 1.0 - tvd / n
-                output.metrics[f"{metric_key_prefix}_top1_agreement"] = agree / n
+        tvd, agree, n = self.accelerator.reduce(self._eval_stats, reduction="sum").tolist()  # every rank takes part
+        if n > 0:
+            output.metrics[f"{metric_key_prefix}_expected_acceptance"] = 1.0 - tvd / n
+            output.metrics[f"{metric_key_prefix}_top1_agreement"] = agree / n
         return output
 
 
@@ -369,7 +374,7 @@ def training_arguments(recipe: Any, has_eval: bool) -> TrainingArguments:
         save_steps=t.save_steps,
         save_total_limit=t.save_total_limit,
         bf16=bf16,
-        gradient_checkpointing=t.gradient_checkpointing,
+        **{_CHECKPOINTING: t.gradient_checkpointing},
         report_to=report_to,
         dataloader_num_workers=t.dataloader_num_workers,
         remove_unused_columns=False,
@@ -396,6 +401,8 @@ def _open_cache(where: Path, identity: dict[str, Any], top_k: int | None) -> Tea
 def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> DistillTrainer:
     """Everything a run needs, from the recipe: tokenizer, draft (LoRA or full), teacher (online or
     cache), datasets, collators and the trainer."""
+    # TrainingArguments first: under ZeRO-3 it switches on partitioned loading (zero3_init_flag).
+    args = training_arguments(recipe, recipe.data.eval_split is not None)
     spec = recipe.target
     tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
     if tokenizer.pad_token is None:
@@ -419,12 +426,14 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         if m is not None and m.config.get_text_config().vocab_size < vocab_size:
             raise ValueError(f"the {name}'s embedding has {m.config.get_text_config().vocab_size} rows, fewer than the tokenizer's {vocab_size} tokens")
     if recipe.draft.lora is not None:
+        set_seed(recipe.seed)  # the adapter's random init
         model = apply_lora(model, recipe.draft.lora)
         if recipe.training.gradient_checkpointing:
             model.enable_input_require_grads()
 
-    train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed))
-    eval_ds = build_eval_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed)
+    with args.main_process_first(desc="building datasets"):  # target generations are cached once
+        train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed))
+        eval_ds = build_eval_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed)
     eval_ds = _columns(eval_ds) if eval_ds is not None else None
 
     collator = DataCollatorForDistill(tokenizer)
@@ -443,7 +452,7 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
 
     return DistillTrainer(
         model=model,
-        args=training_arguments(recipe, eval_ds is not None),
+        args=args,
         loss=recipe.loss,
         vocab_size=vocab_size,
         processing_class=tokenizer,

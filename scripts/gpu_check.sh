@@ -16,6 +16,6 @@ if [ -z "$PY" ]; then  # the first interpreter on PATH that has torch
 fi
 [ -n "$PY" ] || { echo "gpu_check: no python with torch on PATH (set PYTHON=/path/to/python)" >&2; exit 2; }
 # The script stops starting new work at its own deadline (420 s); this is the backstop.
-LIMIT=470
-for arg in "$@"; do [ "$arg" = "--cpu-smoke" ] && LIMIT=150; done
+LIMIT=460
+case " $* " in *" --cpu-smoke "*) LIMIT=150 ;; esac
 exec timeout --kill-after=10 "$LIMIT" "$PY" scripts/gpu_check.py "$@"

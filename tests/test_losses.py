@@ -323,3 +323,26 @@ def test_errors_name_the_problem():
         sparse_divergence("tvd", s, ids, torch.full((2, 5, 3), -2.0))
     with pytest.raises(ValueError, match="same hidden size"):
         fused_divergence("tvd", torch.randn(2, 5, 6), torch.randn(11, 7), teacher_logits=t)
+
+
+def test_divergence_weight_scales_the_divergence_and_zero_leaves_plain_cross_entropy():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    labels = torch.randint(0, 11, (2, 5))
+    div = distillation_loss("forward_kl", student, teacher, labels=labels)
+    both = distillation_loss("forward_kl", student, teacher, labels=labels, ce_weight=1.0, divergence_weight=2.0)
+    ce_only = distillation_loss("forward_kl", student, teacher, labels=labels, ce_weight=1.0, divergence_weight=0.0)
+    ce = torch.nn.functional.cross_entropy(student.reshape(-1, 11), labels.reshape(-1))
+    assert torch.allclose(ce_only, ce, atol=1e-6)
+    assert torch.allclose(both, 2 * div + ce, atol=1e-6)
+    with pytest.raises(ValueError, match="divergence_weight"):
+        distillation_loss("forward_kl", student, teacher, divergence_weight=-1.0)
+
+
+def test_fused_loss_evaluates_under_no_grad_with_a_parameter_head():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 13, bias=False)
+    hidden, teacher = torch.randn(2, 4, 8), torch.randn(2, 4, 13)
+    with torch.no_grad():
+        fused = fused_divergence("jsd", hidden, head.weight, teacher_logits=teacher, chunk_size=3)
+    assert torch.allclose(fused, divergence("jsd", hidden @ head.weight.detach().T, teacher), atol=1e-6)

@@ -12,7 +12,6 @@ import yaml
 from transformers import AutoTokenizer
 
 from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
-from distill.vocab import tokenizer_fingerprint
 from distill.recipe import load_recipe
 from distill.teacher import (
     SHARD_PATTERN,
@@ -29,6 +28,7 @@ from distill.teacher import (
     write_cache,
 )
 from distill.tiny import build_tokenizer
+from distill.vocab import tokenizer_fingerprint
 
 TOP_K = 8
 

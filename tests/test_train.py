@@ -1,6 +1,7 @@
 """Training a draft from a recipe: acceptance on held-out data rises, a resumed run ends where an
 uninterrupted one does, LoRA merges exactly, mismatched tokenizers are refused, the output layout,
-on-policy batches, and the same run under DeepSpeed ZeRO-2 through `accelerate launch`."""
+on-policy batches, the same run under DeepSpeed ZeRO-2/3 through `accelerate launch`, and the tiny
+target and data that recipes/tiny-cpu.yaml trains on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -237,24 +239,57 @@ def _first_loss(output_dir: Path) -> float:
     return next(h["loss"] for h in history if "loss" in h)
 
 
-def test_zero2_run_matches_the_plain_run(tiny_dir):
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("stage", ["zero2", pytest.param("zero3", marks=pytest.mark.slow)])
+def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
+    """A few steps of the recipe under `accelerate launch` with the shipped DeepSpeed config (CPU
+    overrides: one process, no mixed precision) give the plain run's losses."""
     pytest.importorskip("deepspeed")
     sections = {"training": {"max_steps": 3, "save_steps": 3}, "data": {"eval_split": None}}
-    plain = recipe_dict(tiny_dir, "plain", **sections)
-    zero2 = recipe_dict(tiny_dir, "zero2", **sections)
-    (tiny_dir / "zero2.yaml").write_text(yaml.safe_dump(zero2))
-    train(load_recipe(plain))
+    if not (tiny_dir / "plain").exists():
+        train(load_recipe(recipe_dict(tiny_dir, "plain", **sections)))
+    (tiny_dir / f"{stage}.yaml").write_text(yaml.safe_dump(recipe_dict(tiny_dir, stage, **sections)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
     cmd = [
-        accelerate, "launch", "--config_file", str(REPO / "recipes/accelerate/zero2.yaml"),
-        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", "29517",
-        str(REPO / "scripts/train.py"), str(tiny_dir / "zero2.yaml"),
+        accelerate, "launch", "--config_file", str(REPO / f"recipes/accelerate/{stage}.yaml"),
+        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        str(REPO / "scripts/train.py"), str(tiny_dir / f"{stage}.yaml"),
     ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    info = json.loads((tiny_dir / "zero2" / "run_info.json").read_text())
-    assert info["deepspeed"] is True
-    loss = _first_loss(tiny_dir / "zero2")
+    assert json.loads((tiny_dir / stage / "run_info.json").read_text())["deepspeed"] is True
+    loss = _first_loss(tiny_dir / stage)
     assert 0 < loss < float("inf")
     assert loss == pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-4)
+    assert AutoModelForCausalLM.from_pretrained(tiny_dir / stage / "draft").config.vocab_size == recipe_dict(tiny_dir, stage)["draft"]["config"]["vocab_size"]
+
+
+def test_prepare_tiny_writes_what_tiny_cpu_recipe_trains_on(tmp_path):
+    from distill.prepare_tiny import prepare
+
+    small = {"train_examples": 120, "eval_examples": 16, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64, "steps": 3}
+    info = prepare(tmp_path / "tiny", **small)
+    target_dir = tmp_path / "tiny" / "target"
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    assert info["tokenizer_size"] == len(tok) and model.config.vocab_size == len(tok) + 32  # padded like Qwen2.5-7B
+    assert len((tmp_path / "tiny" / "train.jsonl").read_text().splitlines()) == 120
+    assert {"prompt", "response"} == json.loads((tmp_path / "tiny" / "eval.jsonl").read_text().splitlines()[0]).keys()
+    stamp = (target_dir / "model.safetensors").stat().st_mtime_ns
+    assert prepare(tmp_path / "tiny", **small) == info and (target_dir / "model.safetensors").stat().st_mtime_ns == stamp  # done: skipped
+
+    # The shipped tiny recipe, pointed at this directory, builds and computes a finite loss.
+    recipe = yaml.safe_load((REPO / "recipes" / "tiny-cpu.yaml").read_text())
+    recipe["output_dir"] = str(tmp_path / "run")
+    recipe["target"]["name_or_path"] = str(target_dir)
+    recipe["data"].update(dataset=str(tmp_path / "tiny" / "train.jsonl"), eval_split=str(tmp_path / "tiny" / "eval.jsonl"))
+    trainer = build_trainer(load_recipe(recipe))
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        assert 0 < trainer.compute_loss(trainer.model, batch).item() < float("inf")
