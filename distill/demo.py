@@ -118,6 +118,7 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4.2), layout="constrained")
@@ -127,6 +128,7 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
     ax.set(xlabel="draft position j", ylabel="P(draft token j accepted)", ylim=(0, 1.05),
            title=f"Per-position acceptance, k = {report['settings']['num_draft_tokens']}")
     ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
     paths.append(out / "acceptance.png")
     fig.savefig(paths[-1], dpi=120)
@@ -141,6 +143,7 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
     ax.set(xlabel="draft tokens per round k", ylabel="speedup over target-only generate", ylim=(0, None),
            title="Speedup vs k (predicted from measured α, c, v(k))")
     ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize="small")
     paths.append(out / "speedup.png")
     fig.savefig(paths[-1], dpi=120)

@@ -47,7 +47,7 @@ from distill.speculative.static import (
     static_problem,
     target_only_generate,
 )
-from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.tiny import make_examples, random_pair
 
 # ---------------------------------------------------------------------------------------------
 # The formula
@@ -519,12 +519,8 @@ def synthetic_sweep(
 def tiny_pair(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """A ~14M-parameter target and a ~0.3M draft (random weights, untied heads) with their tokenizer,
     big enough on a CPU that a target step costs several draft steps."""
-    tok = build_tokenizer(corpus_texts(make_examples(2000, seed=seed)), vocab_size=512)
-    target = tiny_qwen2(len(tok), hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=1536,
-                        tokenizer=tok, seed=seed + 1, tie_word_embeddings=False, initializer_range=0.05)
-    draft = tiny_qwen2(len(tok), hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=192,
-                       tokenizer=tok, seed=seed + 2, tie_word_embeddings=False, initializer_range=0.05)
-    return target, draft, tok
+    return random_pair({"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 1536},
+                       {"hidden_size": 64, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}, seed)
 
 
 def _parse_ks(text: str) -> list[int]:

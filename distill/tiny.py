@@ -3,6 +3,7 @@ on it, and small `Qwen2ForCausalLM` models, so the whole pipeline runs on a CPU 
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Sequence
@@ -137,3 +138,23 @@ def tiny_qwen2(
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.bos_token_id = None
     return model
+
+
+def random_pair(target_shape: dict, draft_shape: dict, seed: int = 0) -> tuple[Qwen2ForCausalLM, Qwen2ForCausalLM, Qwen2Tokenizer]:
+    """A target and a draft with random weights and untied heads over one tokenizer trained on the
+    corpus; the shapes are `tiny_qwen2` keyword arguments. For timing loops, not for acceptance."""
+    tok = build_tokenizer(corpus_texts(make_examples(2000, seed=seed)), vocab_size=512)
+    target = tiny_qwen2(len(tok), tokenizer=tok, seed=seed + 1, tie_word_embeddings=False, initializer_range=0.05, **target_shape)
+    draft = tiny_qwen2(len(tok), tokenizer=tok, seed=seed + 2, tie_word_embeddings=False, initializer_range=0.05, **draft_shape)
+    return target, draft, tok
+
+
+def noisy_copy(model: Qwen2ForCausalLM, scale: float, seed: int = 0) -> Qwen2ForCausalLM:
+    """A copy of `model` with Gaussian noise of `scale` × each tensor's std: a draft that agrees
+    with the target often but not always, for exercising both acceptance and rejection."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+    return draft

@@ -19,17 +19,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.docs import markdown_table, write_section
 from distill.speculative import SpeculativeDecoder
-from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.tiny import make_examples, random_pair
 
 
 def default_pair(seed: int = 0):
     """A ~40M-parameter target and a ~1M draft (random weights, untied heads) and their tokenizer."""
-    tok = build_tokenizer(corpus_texts(make_examples(2000, seed=seed)), vocab_size=512)
-    target = tiny_qwen2(len(tok), hidden_size=640, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=2048,
-                        tokenizer=tok, seed=seed + 1, tie_word_embeddings=False, initializer_range=0.05)
-    draft = tiny_qwen2(len(tok), hidden_size=160, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=480,
-                       tokenizer=tok, seed=seed + 2, tie_word_embeddings=False, initializer_range=0.05)
-    return target, draft, tok
+    return random_pair({"hidden_size": 640, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 2048},
+                       {"hidden_size": 160, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 480}, seed)
 
 
 class ForwardTimer:

@@ -12,17 +12,7 @@ import torch
 import distill.speculative.decoder as decoder_module
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.sampling import sample
-from distill.tiny import build_tokenizer, tiny_qwen2
-
-
-def _noisy_copy(model, scale: float, seed: int):
-    """A draft that agrees with the target often but not always."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
-    return draft
+from distill.tiny import build_tokenizer, noisy_copy, tiny_qwen2
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +22,7 @@ def pair(tokenizer):
                         tie_word_embeddings=False, initializer_range=0.1)
     small = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                        tokenizer=tokenizer, seed=12, tie_word_embeddings=False, initializer_range=0.1)
-    return target, {"small": small, "noisy": _noisy_copy(target, 0.05, 13), "self": target}
+    return target, {"small": small, "noisy": noisy_copy(target, 0.05, 13), "self": target}
 
 
 def _batch(tokenizer, examples, n):

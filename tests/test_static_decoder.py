@@ -17,20 +17,11 @@ import torch
 import distill.speculative.decoder as decoder_module
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.static import StaticLoop, measure_costs_static, target_only_generate
-from distill.tiny import tiny_qwen2
+from distill.tiny import noisy_copy, tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
 DECISIONS = ("proposed", "accepted", "rounds", "new_tokens", "target_forwards", "sequence_forwards",
              "position_proposed", "position_accepted")
-
-
-def _noisy_copy(model, scale: float, seed: int):
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
-    return draft
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +32,7 @@ def pair(tokenizer):
                         tie_word_embeddings=False, initializer_range=0.1)
     small = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                        tokenizer=tokenizer, seed=12, tie_word_embeddings=False, initializer_range=0.1)
-    return target, {"noisy": _noisy_copy(target, 0.05, 13), "self": target, "small": small}
+    return target, {"noisy": noisy_copy(target, 0.05, 13), "self": target, "small": small}
 
 
 def _batch(tokenizer, examples, n):
