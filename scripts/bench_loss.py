@@ -1,12 +1,13 @@
 """Peak memory and time of one distillation-loss forward+backward: the unchunked computation
-(full student logits from hidden @ lm_head.T, then `distill.losses.divergence`) against
+(full student logits from hidden @ lm_head.T, then `distill.losses.distillation_loss`) against
 `distill.losses.fused_divergence` (student logits one chunk of tokens at a time).
 
 Each variant runs in its own fresh child process so their peaks cannot mix: on CPU the peak is
 the child's RSS high-water mark (ru_maxrss), on CUDA `torch.cuda.max_memory_allocated`.
-"Above inputs" subtracts what the child held before the loss ran (hidden, LM head, teacher logits).
+"Above inputs" subtracts what the child held before the loss ran (hidden, LM head, teacher signal).
 
     python scripts/bench_loss.py                          # 2,048 tokens x 151,936 vocab x hidden 896
+    python scripts/bench_loss.py --teacher topk           # the same against a top-32 teacher cache
     python scripts/bench_loss.py --tokens 256 --vocab 32768 --hidden 256   # a quick small run
 """
 

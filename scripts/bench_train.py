@@ -132,6 +132,12 @@ def report(section: str, title: str, cmd: str, table: str, notes: str, docs: Pat
     return text
 
 
+def pair_sizes(tokenizer: PreTrainedTokenizerBase, target: torch.nn.Module, recipe: dict[str, Any]) -> str:
+    """The embedding sizes actually trained on, as measured (not as the recipe comment assumes)."""
+    return (f"tokenizer {len(tokenizer)} tokens, target {target.config.vocab_size} embedding rows, "
+            f"draft {recipe['draft']['config']['vocab_size']} rows")
+
+
 def _environment() -> str:
     import transformers
 
@@ -153,7 +159,7 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     prompts = chat_prompts(tokenizer, [r["prompt"] for r in read_jsonl(work / "eval.jsonl", args.prompts)])
     results = {name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
                for name, recipe in objective_recipes(base, work, args.steps).items()}
-    notes = (f"recipes/tiny-cpu.yaml (target 544 embedding rows, draft 520, tokenizer 512), target prepared with "
+    notes = (f"recipes/tiny-cpu.yaml ({pair_sizes(tokenizer, target, base)}), target prepared with "
              f"{args.target_steps} CE steps; both drafts trained {args.steps} steps (the recipe says "
              f"{load_recipe(TINY_RECIPE).training.max_steps}), seed 0, batch 16, lr 3e-3. Measured with "
              f"distill.speculative, greedy, k = {args.k}, {len(prompts)} held-out prompts from eval.jsonl, "
@@ -279,7 +285,7 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).eval()
     prompts = chat_prompts(tokenizer, [r["prompt"] for r in read_jsonl(work / "eval.jsonl", args.prompts)])
     ours = train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
-    rows = [row("distill (forward KL, dataset responses, 520-row draft)", ours)]
+    rows = [row(f"distill (forward KL, dataset responses, {recipe['draft']['config']['vocab_size']}-row draft)", ours)]
     trl_out = work / "bench-trl" / "trl"
     shutil.rmtree(trl_out, ignore_errors=True)
     error = None
@@ -289,14 +295,14 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         draft = AutoModelForCausalLM.from_pretrained(trl_out / "draft", dtype=torch.float32).eval()
         trl_result = {**measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens), **trl_run,
                       "steps": args.steps, "eval_expected_acceptance": float("nan")}
-        rows.append(row(f"trl.DistillationTrainer (defaults, β = {trl_run['beta']}, 544-row draft)", trl_result))
+        rows.append(row(f"trl.DistillationTrainer (defaults, β = {trl_run['beta']}, {target.config.vocab_size}-row draft)", trl_result))
     except Exception as exc:  # the benchmark records why TRL could not run on this pair
         error = f"{type(exc).__name__}: {exc}"
         trl_result = {"error": error}
     header = HEADER[:5] + ["held-out 1 − TVD (ours only)"] + HEADER[6:]
-    notes = (f"Same pair (tiny-cpu.yaml target, draft hidden 64 × 1 layer), seed 0, {args.steps} steps, batch 16, lr 3e-3, "
-             f"same train.jsonl prompts. TRL refuses embeddings of different sizes (target 544 rows, our draft 520), so its "
-             f"draft is built with 544 rows; everything else in its DistillationConfig is left at the defaults (on-policy "
+    notes = (f"Same pair (tiny-cpu.yaml: {pair_sizes(tokenizer, target, recipe)}; draft hidden 64 × 1 layer), seed 0, "
+             f"{args.steps} steps, batch 16, lr 3e-3 (TRL's default lr is 1e-6), same train.jsonl prompts. TRL refuses embeddings of different sizes, "
+             f"so its draft is built with the target's {target.config.vocab_size} rows; everything else in its DistillationConfig is left at the defaults (on-policy "
              f"student completions, generalized JSD β = 1 i.e. reverse KL, gradient checkpointing on, linear schedule) except "
              f"bf16=False/use_cpu on CPU, save_strategy='no' and max_completion_length={args.trl_completion_length} "
              f"(default 512; our max_length is 128). tokens/s = non-padding tokens trained on (TRL: prompt + generated "
