@@ -13,7 +13,6 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token, snapshot_download
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
 log = logging.getLogger(__name__)
@@ -459,12 +459,6 @@ print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_token
 
 
 def _publish_info(source: _Source, eval_report: str | Path | None, padded: list[int], adapter: bool) -> dict[str, Any]:
-    def _version(pkg: str) -> str | None:
-        try:
-            return version(pkg)
-        except PackageNotFoundError:
-            return None
-
     return {
         "draft_source": str(source.draft_dir),
         "target": source.target,
@@ -472,7 +466,7 @@ def _publish_info(source: _Source, eval_report: str | Path | None, padded: list[
         "eval_report": str(Path(eval_report).absolute()) if eval_report else None,
         "adapter": adapter,
         "padded_ids": [padded[0], padded[-1]] if padded else None,
-        "versions": {p: _version(p) for p in ("distill", "torch", "transformers", "peft", "huggingface_hub")},
+        "versions": versions(("distill", "torch", "transformers", "peft", "huggingface_hub")),
     }
 
 

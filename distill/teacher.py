@@ -13,7 +13,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.data import build_eval_dataset, build_train_dataset
+from distill.provenance import versions
 from distill.vocab import tokenizer_fingerprint
 
 CACHE_FORMAT = 1
@@ -121,21 +121,6 @@ def dataset_fingerprint(dataset: Sequence[dict] | Any) -> str:
         digest.update(torch.tensor(row["labels"], dtype=torch.int64).numpy().tobytes())
         digest.update(b";")
     return digest.hexdigest()[:32]
-
-
-def _versions() -> dict[str, str]:
-    import safetensors
-    import transformers
-
-    import distill
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "distill": distill.__version__,
-    }
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -405,7 +390,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         "recipe": recipe.to_dict(),
         "recipe_path": recipe_path,
         "commit_hash": getattr(model.config, "_commit_hash", None),
-        "versions": _versions(),
+        "versions": versions(),
     }
     builders = {"train": build_train_dataset, "eval": build_eval_dataset}
     out = {}

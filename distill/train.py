@@ -55,6 +55,7 @@ from distill.teacher import (
     teacher_logits,
     topk_logprobs,
 )
+from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
 logger = logging.getLogger(__name__)
@@ -469,18 +470,6 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
 # -------------------------------------------------------------------- outputs
 
 
-def _versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("distill", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
 def _git_revision() -> str | None:
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
@@ -559,7 +548,7 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
             "recipe_path": recipe_path,
             "seed": recipe.seed,
             "git_revision": _git_revision(),
-            "versions": _versions(),
+            "versions": versions(),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
             "num_processes": trainer.accelerator.num_processes,
             "deepspeed": trainer.is_deepspeed_enabled,

@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from distill.eval.report import write_outputs
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
 from distill.speedup import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
+from distill.provenance import package_version
 from distill.vocab import check_tokenizers_agree
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -363,19 +363,13 @@ def _cpu_name() -> str:
 
 
 def _environment(settings: Settings, device: torch.device, command: str) -> dict[str, Any]:
-    def pkg(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "distill": distill.__version__,
-        "accelerate": pkg("accelerate"),
+        "accelerate": package_version("accelerate"),
         "cuda": torch.version.cuda,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
