@@ -123,6 +123,9 @@ def resolve_backend(backend: str, *models: PreTrainedModel) -> str:
     "auto" is "static" (static caches, CUDA graphs) on CUDA when the models allow it, else "eager"."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend == "compiled":
+        raise ValueError("the speedup model times the eager and static loops' steps, not compiled drafts: "
+                         "use backend='static' or 'eager' here (scripts/bench_decode.py times backend='compiled')")
     if backend != "auto":
         return backend
     fits = not any(static_problem(m, "model") for m in models)
@@ -681,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=4, help="prompts per decoding run (default 4)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     ap.add_argument("--repeats", type=int, default=20, help="timed repeats per cost measurement (median; default 20)")
-    ap.add_argument("--backend", default="auto", choices=BACKENDS, help="the decoding loop timed: eager, static "
+    ap.add_argument("--backend", default="auto", choices=[b for b in BACKENDS if b != "compiled"], help="the decoding loop timed: eager, static "
                     "(static caches + CUDA graphs), or auto: static on CUDA, eager elsewhere (default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

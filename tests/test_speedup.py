@@ -23,6 +23,7 @@ from distill.speedup import (
     main,
     measure_costs,
     predicted_speedup,
+    resolve_backend,
     run_synthetic,
     synthetic_sweep,
     target_baseline,
@@ -250,3 +251,10 @@ def test_bench_refuses_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["--alpha", "1.5"])
     assert "[0, 1]" in capsys.readouterr().err
+
+
+def test_the_speedup_model_refuses_the_compiled_backend(target, draft):
+    """Its costs come from the eager or static steps; a compiled draft's would be mis-measured."""
+    with pytest.raises(ValueError, match="backend='static' or 'eager'"):
+        resolve_backend("compiled", target, draft)
+    assert resolve_backend("static", target, draft) == "static"

@@ -214,6 +214,28 @@ def test_graphed_loop_equals_eager_on_cuda(pair, tokenizer, examples):
         draft.cpu()
 
 
+# --- the compiled draft (backend="compiled", the CPU fast path) ---------------------------------
+
+def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft(pair, tokenizer, examples):
+    """The draft's k steps run as one inductor graph; the emitted tokens stay the target's own, and
+    the decisions match the static loop's (the compiled draft proposes what the eager one does)."""
+    target, drafts = pair
+    enc = _batch(tokenizer, examples, 2)
+    torch._dynamo.reset()
+    compiled = SpeculativeDecoder(target, drafts["small"], num_draft_tokens=3, backend="compiled")
+    out = compiled.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=16)
+    static = SpeculativeDecoder(target, drafts["small"], num_draft_tokens=3, backend="static").generate(
+        enc["input_ids"], enc["attention_mask"], max_new_tokens=16)
+    reference = target.generate(**enc, max_new_tokens=16, do_sample=False)
+    assert out.sequences.tolist() == static.sequences.tolist() == reference.tolist()
+    assert [getattr(out.stats, d) for d in DECISIONS] == [getattr(static.stats, d) for d in DECISIONS]
+    loop = compiled._static
+    assert loop._draft_fn != loop._draft_steps and not loop.graphs_enabled
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo did compile the draft steps
+    with pytest.raises(ValueError, match="compiled backend decodes greedily only"):
+        compiled.generate(enc["input_ids"], enc["attention_mask"], do_sample=True)
+
+
 # --- backend choice and errors ---------------------------------------------------------------
 
 class _Recorder:
@@ -244,7 +266,7 @@ def test_auto_picks_eager_on_cpu_and_static_for_greedy_on_cuda(pair, tokenizer, 
 
 def test_bad_backends_are_refused(pair, tokenizer, examples):
     target, drafts = pair
-    with pytest.raises(ValueError, match="backend must be one of 'eager', 'static', 'auto'"):
+    with pytest.raises(ValueError, match="backend must be one of 'eager', 'static', 'compiled', 'auto'"):
         SpeculativeDecoder(target, drafts["noisy"], backend="graphs")
     static = SpeculativeDecoder(target, drafts["noisy"], backend="static")
     with pytest.raises(ValueError, match="greedily only.*backend='eager'"):

@@ -84,8 +84,10 @@ class SpeculativeDecoder:
     draft's logits are limited to the vocabulary both models share (`vocab_size`).
 
     `backend`: "eager" (this loop, caches that grow), "static" (preallocated caches, each round
-    replayed as CUDA graphs on CUDA; greedy only: `distill.speculative.static`), or "auto":
-    static for greedy decoding on CUDA, eager otherwise."""
+    replayed as CUDA graphs on CUDA; greedy only: `distill.speculative.static`), "compiled" (the
+    static loop with the draft's k steps as one torch.compile graph: the fast path on CPU, after
+    a compile of about a minute per k; greedy only), or "auto": static for greedy decoding on
+    CUDA, eager otherwise."""
 
     def __init__(
         self,
@@ -118,7 +120,7 @@ class SpeculativeDecoder:
         self.draft_rows = draft.get_input_embeddings().num_embeddings
         self.context = min(_context_length(target), _context_length(draft))
         problems = [p for p in (static_problem(target, "target"), static_problem(draft, "draft")) if p]
-        if backend == "static" and problems:
+        if backend in ("static", "compiled") and problems:
             raise ValueError(problems[0])
         self.backend, self._static, self._static_ok = backend, None, not problems
 
@@ -237,10 +239,10 @@ class SpeculativeDecoder:
         return SpecOutput(torch.cat([input_ids, out[:, : max(lengths)]], 1), stats)
 
     def _uses_static(self, do_sample: bool) -> bool:
-        if self.backend == "static" and do_sample:
-            raise ValueError("the static backend decodes greedily only: use backend='eager' (or 'auto') for do_sample=True")
+        if self.backend in ("static", "compiled") and do_sample:
+            raise ValueError(f"the {self.backend} backend decodes greedily only: use backend='eager' (or 'auto') for do_sample=True")
         auto = self.backend == "auto" and self._static_ok and not do_sample and graphs_available(self.device)
-        return self.backend == "static" or auto
+        return self.backend in ("static", "compiled") or auto
 
     def _drop_finished(self, rows, lengths, done, last, pending, target: _Model, draft: _Model):
         """Remove rows that reached EOS from both caches and the loop state."""

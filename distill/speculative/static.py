@@ -7,7 +7,13 @@ which costs a memory-bound draft nothing), and the verify step itself moves both
 past the rejected proposals. So the draft's k steps are one graph and the target's verify plus
 acceptance is another, captured once per k, and the only host synchronisation of a round is the
 one read of the accepted count and the emitted tokens. Greedy decoding only; off CUDA the same
-steps run eagerly, which is how the CPU tests check the loop against the eager decoder."""
+steps run eagerly, which is how the CPU tests check the loop against the eager decoder.
+
+With `compile_draft` (the decoder's backend="compiled", the fast path off CUDA) the draft's k
+steps are one `torch.compile` graph instead: a small draft's forward is mostly Python and
+dispatch overhead, which the compiled graph removes. The target stays as it is, so the emitted
+tokens are computed exactly as in the static loop; compiled numerics can change only what the
+draft proposes, never what is emitted."""
 
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ if TYPE_CHECKING:
     from distill.speculative.decoder import SpecOutput, SpeculativeDecoder
     from distill.speedup import Costs
 
-BACKENDS = ("eager", "static", "auto")
+BACKENDS = ("eager", "static", "compiled", "auto")
 _ATTENTION = ("sdpa", "eager")
 
 
@@ -171,7 +177,7 @@ class StaticLoop:
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, num_draft_tokens: int,
                  schedule: str = "constant", vocab_size: int | None = None, draft_rows: int | None = None,
-                 context: int = 1 << 30, graphs: bool | None = None):
+                 context: int = 1 << 30, graphs: bool | None = None, compile_draft: bool = False):
         check_static_model(target, "target")
         if draft is not None:
             check_static_model(draft, "draft")
@@ -182,9 +188,13 @@ class StaticLoop:
         self.num_draft_tokens, self.schedule_name = num_draft_tokens, schedule
         self.vocab_size = vocab_size or target.config.get_text_config().vocab_size
         self.draft_rows, self.context = draft_rows, context
-        self.graphs_enabled = graphs_available(self.device) if graphs is None else graphs
+        self.graphs_enabled = graphs_available(self.device) and not compile_draft if graphs is None else graphs
         if self.graphs_enabled and not graphs_available(self.device):
             raise ValueError(f"CUDA graphs need a CUDA device, but the models are on {self.device}: pass graphs=False")
+        if self.graphs_enabled and compile_draft:
+            raise ValueError("compile_draft replaces the CUDA graphs of the draft steps: pass graphs=False with it")
+        # One graph per k (k is a Python int, so dynamo specialises on it); compiled on first use.
+        self._draft_fn = torch.compile(self._draft_steps, fullgraph=True, dynamic=False) if compile_draft else self._draft_steps
         self._shape: tuple[int, int, int] | None = None
         self._retired = 0  # graphs captured by buffers since replaced
 
@@ -202,8 +212,9 @@ class StaticLoop:
     def for_decoder(cls, decoder: SpeculativeDecoder) -> StaticLoop:
         """The static loop for a SpeculativeDecoder's pair and settings."""
         rows = decoder.draft_rows if decoder.draft_rows < decoder.target_vocab else None
+        compiled = decoder.backend == "compiled"
         return cls(decoder.target, decoder.draft, decoder.num_draft_tokens, decoder.schedule_name,
-                   decoder.vocab_size, rows, decoder.context)
+                   decoder.vocab_size, rows, decoder.context, graphs=False if compiled else None, compile_draft=compiled)
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -267,7 +278,7 @@ class StaticLoop:
         seconds the draft steps and the verify took."""
         clock = _Clock(self.device)
         if k:
-            self.runner.run(("draft", k), lambda: self._draft_steps(k), self._state())
+            self.runner.run(("draft", k), lambda: self._draft_fn(k), self._state())
         clock.mark()
         self.runner.run(("verify", k), lambda: self._verify(k), self._state())
         clock.mark()
