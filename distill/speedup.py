@@ -39,14 +39,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 import distill
 from distill.docs import markdown_table, write_section
 from distill.speculative import SpecStats, SpeculativeDecoder
-from distill.speculative.static import (
-    BACKENDS,
-    StaticLoop,
-    graphs_available,
-    measure_costs_static,
-    static_problem,
-    target_only_generate,
-)
+from distill.speculative.loop import SpecLoop, target_only_generate
+from distill.speculative.static import BACKENDS, graphs_available, measure_costs_static, static_problem
 from distill.tiny import make_examples, random_pair
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +362,7 @@ def target_baseline(target: PreTrainedModel, prompts: Sequence[torch.Tensor], ma
     prompts = _as_prompts(prompts, _device(target))
     kind = resolve_backend(backend, target)
     if kind == "static":
-        loop = StaticLoop(target, None, 0, context=_context(target))
+        loop = SpecLoop(target, None, 0, context=_context(target))
 
         def decode(ids: torch.LongTensor) -> tuple[torch.LongTensor, float, float]:
             out = target_only_generate(target, ids, max_new_tokens, loop=loop)

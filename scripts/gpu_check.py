@@ -180,14 +180,14 @@ def stage_identity(models: dict, args, results: dict) -> dict:
     import torch
 
     from distill.speculative import SpeculativeDecoder
-    from distill.speculative.static import StaticLoop, target_only_generate
+    from distill.speculative.loop import SpecLoop, target_only_generate
     from distill.speedup import greedy_decode
 
     target, draft = models["target"], models["0.5b"]
     shared = min(target.get_input_embeddings().num_embeddings, draft.get_input_embeddings().num_embeddings)
     prompts = prompts_for(args, shared, args.num_prompts, seed=7)
     new = args.identity_new_tokens
-    loop = StaticLoop(target, None, 0)
+    loop = SpecLoop(target, None, 0)
     outputs = {"eager target-only": [greedy_decode(target, p, new)[0] for p in prompts],
                "static target-only": [target_only_generate(target, p, new, loop=loop).sequences for p in prompts]}
     for backend in ("static", "eager"):

@@ -8,8 +8,10 @@ import itertools
 
 import pytest
 import torch
+from transformers import GenerationConfig, Qwen2ForCausalLM
 
-import distill.speculative.decoder as decoder_module
+import distill.speculative.loop as loop_module
+from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.sampling import sample
 from distill.tiny import build_tokenizer, noisy_copy, tiny_qwen2
@@ -101,7 +103,9 @@ def test_stats_add_up(pair, tokenizer, examples):
     assert s.accepted <= s.proposed and s.new_tokens == 33
     # Batch of one, no EOS: every target forward emits its accepted block plus one token of its own.
     assert s.new_tokens == s.accepted + s.target_forwards
-    assert s.target_forwards == s.rounds + 1 and s.draft_forwards == s.proposed
+    # The draft reads the prompt once, then makes one step per proposal (none cut short here, as
+    # the constant k = 4 fits 33 tokens: 1 + 8 rounds of at most 5).
+    assert s.target_forwards == s.rounds + 1 and s.draft_forwards == 1 + s.proposed
     rates = s.per_position_acceptance
     assert all(a >= b for a, b in zip(rates, rates[1:]))
     assert s.acceptance_rate == pytest.approx(s.accepted / s.proposed)
@@ -140,10 +144,10 @@ def _exact_joint(target, prompt, steps, temperature, top_p):
     return seqs, cond.prod(-1).double()
 
 
-def _sampled_tvd(target, draft, temperature, top_p, n=12000, steps=3, seed=0):
+def _sampled_tvd(target, draft, temperature, top_p, n=12000, steps=3, seed=0, backend="eager"):
     prompt = torch.tensor([[1, 4, 2]])
     seqs, exact = _exact_joint(target, prompt, steps, temperature, top_p)
-    out = SpeculativeDecoder(target, draft, num_draft_tokens=2).generate(
+    out = SpeculativeDecoder(target, draft, num_draft_tokens=2, backend=backend).generate(
         prompt.expand(n, -1), max_new_tokens=steps, do_sample=True, temperature=temperature, top_p=top_p, seed=seed
     )
     new = out.sequences[:, -steps:]
@@ -158,29 +162,110 @@ def _sampled_tvd(target, draft, temperature, top_p, n=12000, steps=3, seed=0):
 TVD_BOUND = 0.075
 
 
+@pytest.mark.parametrize("backend", ["eager", "static"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_sampling_follows_the_target_distribution(small_vocab_pair, temperature, top_p):
+def test_sampling_follows_the_target_distribution(small_vocab_pair, temperature, top_p, backend):
     target, draft = small_vocab_pair
-    tvd, _ = _sampled_tvd(target, draft, temperature, top_p)
+    tvd, _ = _sampled_tvd(target, draft, temperature, top_p, backend=backend)
     assert tvd < TVD_BOUND
 
 
-def _drop_residual(draft_tokens, q, p, generator=None):
+def test_compiled_draft_sampling_follows_the_target_distribution(small_vocab_pair):
+    """The compiled backend samples the draft inside its torch.compile graph (uniforms drawn outside)."""
+    target, draft = small_vocab_pair
+    torch._dynamo.reset()
+    tvd, _ = _sampled_tvd(target, draft, 0.7, 0.9, backend="compiled")
+    assert tvd < TVD_BOUND
+
+
+def _drop_residual(draft_tokens, q, p, u):
     """A broken rule: on rejection it samples from p instead of norm(max(0, p - q))."""
     k = draft_tokens.shape[1]
     idx = draft_tokens[..., None]
     p_d, q_d = p[:, :k].gather(-1, idx).squeeze(-1), q.gather(-1, idx).squeeze(-1)
-    u = torch.rand(p_d.shape, generator=generator)
-    n = (u * q_d <= p_d).int().cumprod(-1).sum(-1)
+    n = (u[:, :k] * q_d <= p_d).int().cumprod(-1).sum(-1)
     p_n = p.gather(1, n[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)
-    return n, sample(p_n, generator)
+    return n, sample(p_n, u[:, k])
 
 
-def test_sampling_test_catches_a_sampler_that_drops_the_residual(small_vocab_pair, monkeypatch):
+@pytest.mark.parametrize("backend", ["eager", "static"])
+def test_sampling_test_catches_a_sampler_that_drops_the_residual(small_vocab_pair, monkeypatch, backend):
     target, draft = small_vocab_pair
-    monkeypatch.setattr(decoder_module, "rejection_accept", _drop_residual)
-    tvd, _ = _sampled_tvd(target, draft, 1.0, 1.0)
+    monkeypatch.setattr(loop_module, "rejection_accept", _drop_residual)
+    tvd, _ = _sampled_tvd(target, draft, 1.0, 1.0, backend=backend)
     assert tvd > TVD_BOUND
+
+
+def test_inverse_cdf_sampling_draws_each_token_at_its_probability():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25]])
+    u = torch.tensor([0.0, 0.49, 0.5, 0.74, 0.75, 0.999999])
+    assert sample(probs.expand(6, -1), u).tolist() == [1, 1, 3, 3, 4, 4]  # zero-probability ids never drawn
+    draws = sample(torch.tensor([[1.0, 3.0]]).expand(40000, -1), torch.rand(40000, generator=torch.Generator().manual_seed(0)))
+    assert draws.float().mean().item() == pytest.approx(0.75, abs=0.01)  # unnormalised weights are fine
+
+
+# --- ragged batches: every row keeps its own accepted length ---------------------------------
+
+def test_rows_keep_their_own_accepted_length(pair, tokenizer, examples, monkeypatch):
+    """Rows whose accepted blocks differ almost every round each emit their own block plus one
+    target token; the holes this leaves in the caches are squeezed out on a long run, and the
+    output stays the target's row for row."""
+    target, drafts = pair
+    enc = _batch(tokenizer, examples, 4)
+    kept, compactions = [], []
+    round_, compact = loop_module.SpecLoop._round, DynamicSide.compact
+    monkeypatch.setattr(loop_module.SpecLoop, "_round", lambda self, k: (r := round_(self, k), kept.append([row[0] for row in r[0]]))[0])
+    monkeypatch.setattr(DynamicSide, "compact", lambda self, keep: (compactions.append(keep), compact(self, keep))[1])
+    expected = target.generate(**enc, max_new_tokens=150, do_sample=False)
+    out = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=150)
+    assert out.sequences.tolist() == expected.tolist()
+    assert sum(len(set(row)) > 1 for row in kept) > len(kept) / 2  # blocks differed between rows in most rounds
+    s = out.stats
+    assert s.new_tokens == 4 * 150 and s.new_tokens == s.accepted + s.sequence_forwards
+    assert compactions
+
+
+@pytest.mark.parametrize("side_kind", ["dynamic", "static"])
+def test_holes_and_compaction_give_the_logits_of_a_cache_without_them(target, side_kind):
+    """Two rounds of three slots: row 0 keeps 1 then 3, row 1 keeps 3 then 1. The next token's
+    logits equal a plain forward over each row's kept tokens, before and after compaction."""
+    side_cls = DynamicSide if side_kind == "dynamic" else StaticSide
+    gen = torch.Generator().manual_seed(0)
+    prompt, a, b, x = (torch.randint(3, 300, (2, n), generator=gen) for n in (4, 3, 3, 1))
+    expected = torch.stack([target(torch.cat([prompt[0], a[0, :1], b[0], x[0]])[None]).logits[0, -1],
+                            target(torch.cat([prompt[1], a[1], b[1, :1], x[1]])[None]).logits[0, -1]])
+    got = []
+    for compact in (False, True):
+        side = side_cls(target, 2, 64)
+        ahead = torch.arange(3)[None]
+        side.forward(prompt, torch.arange(4)[None].expand(2, -1), keep=1)
+        side.forward(a, 4 + ahead.expand(2, -1), keep=3)
+        side.reject(torch.tensor([0, 2]), 2)
+        side.forward(b, torch.tensor([[5], [7]]) + ahead, keep=3)
+        side.reject(torch.tensor([2, 0]), 2)
+        side.size = 10
+        if compact:
+            side.compact(8)  # each row holds 8 kept tokens among 10 slots
+            assert side.size == 8 and int(side.length) == 8
+        got.append(side.forward(x, torch.tensor([[8], [8]]), keep=1)[:, -1])
+    for logits in got:
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sliding_window_models_advance_in_lockstep_and_stay_identical(tokenizer, examples):
+    """Holes would shift a sliding window, so such pairs advance by the shortest block, losslessly."""
+    config = tiny_qwen2(len(tokenizer) + 8, num_layers=2, tokenizer=tokenizer).config
+    config.layer_types, config.sliding_window, config.use_sliding_window = ["sliding_attention", "full_attention"], 6, True
+    torch.manual_seed(31)
+    target = Qwen2ForCausalLM(config).eval()
+    target.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    draft = noisy_copy(target, 0.05, 33)
+    enc = _batch(tokenizer, examples, 3)
+    expected = target.generate(**enc, max_new_tokens=30, do_sample=False)
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=3)
+    assert not decoder.ragged
+    out = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=30)
+    assert out.sequences.tolist() == expected.tolist()
 
 
 # --- vocabularies and bad input --------------------------------------------------------------

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 import distill.speculative.decoder as decoder_module
+import distill.speculative.loop as loop_module
 from distill.speculative import SpeculativeDecoder
-from distill.speculative.static import StaticLoop, measure_costs_static, target_only_generate
+from distill.speculative.loop import SpecLoop, target_only_generate
+from distill.speculative.static import measure_costs_static
 from distill.tiny import noisy_copy, tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +111,7 @@ def test_max_new_tokens_inside_a_block_is_never_overshot(pair, tokenizer, exampl
     if max_new_tokens > 1:
         # The last round emits fewer than k + 1 tokens but runs the k = 5 steps: no step of another
         # k, hence no CUDA graph captured just for the end of a generation.
-        assert decoder._static.steps == {("draft", 5), ("verify", 5)}
+        assert decoder._loops["static"].steps == {("draft", 5, False), ("verify", 5, False)}
 
 
 @pytest.mark.parametrize("draft_kind", ["noisy", "self", "small"])
@@ -129,11 +131,11 @@ def test_buffers_are_reused_across_calls_and_reallocated_when_too_small(pair, to
     decoder = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=3, backend="static")
     enc = _batch(tokenizer, examples, 2)
     first = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=10).sequences
-    cache = decoder._static.tside.cache
+    cache = decoder._loops["static"].tside.cache
     again = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=10).sequences
-    assert decoder._static.tside.cache is cache and again.tolist() == first.tolist()
+    assert decoder._loops["static"].tside.cache is cache and again.tolist() == first.tolist()
     longer = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=300)
-    assert decoder._static.tside.cache is not cache
+    assert decoder._loops["static"].tside.cache is not cache
     assert longer.sequences.tolist() == target.generate(**enc, max_new_tokens=300, do_sample=False).tolist()
 
 
@@ -167,7 +169,7 @@ def test_round_steps_trace_as_one_graph_with_no_host_sync(pair, tokenizer, examp
     verify step are single graphs (dynamo fullgraph) and that the traced round computes the same."""
     target, drafts = pair
     enc = _batch(tokenizer, examples, 2)
-    loop = StaticLoop.for_decoder(SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=3, backend="static"))
+    loop = SpecLoop.for_decoder(SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=3, backend="static"), "static")
     loop.generate(enc["input_ids"], enc["attention_mask"], 6, [], 0)  # fills the buffers mid-generation
     saved = [t.clone() for t in loop._state()]
 
@@ -205,10 +207,10 @@ def test_graphed_loop_equals_eager_on_cuda(pair, tokenizer, examples):
         eager = SpeculativeDecoder(target, draft, num_draft_tokens=4, backend="eager").generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
         graphed = SpeculativeDecoder(target, draft, num_draft_tokens=4)  # auto: static + graphs on CUDA
         out = graphed.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
-        captured = graphed._static.captures
+        captured = graphed._loops["static"].captures
         assert captured >= 2 and out.sequences.tolist() == eager.sequences.tolist()
         graphed.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
-        assert graphed._static.captures == captured  # replayed, not captured again
+        assert graphed._loops["static"].captures == captured  # replayed, not captured again
     finally:  # the module's fixtures stay on the CPU for the other tests
         target.cpu()
         draft.cpu()
@@ -229,48 +231,43 @@ def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft
     reference = target.generate(**enc, max_new_tokens=16, do_sample=False)
     assert out.sequences.tolist() == static.sequences.tolist() == reference.tolist()
     assert [getattr(out.stats, d) for d in DECISIONS] == [getattr(static.stats, d) for d in DECISIONS]
-    loop = compiled._static
+    loop = compiled._loops["static"]
     assert loop._draft_fn != loop._draft_steps and not loop.graphs_enabled
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo did compile the draft steps
-    with pytest.raises(ValueError, match="compiled backend decodes greedily only"):
-        compiled.generate(enc["input_ids"], enc["attention_mask"], do_sample=True)
 
 
 # --- backend choice and errors ---------------------------------------------------------------
 
 class _Recorder:
-    """Stands in for StaticLoop in the decoder's namespace: records that the static path was chosen."""
+    """Stands in for SpecLoop in the decoder's namespace: records which caches were chosen."""
 
-    built = 0
+    built: list[str] = []
 
     @classmethod
-    def for_decoder(cls, decoder):
-        cls.built += 1
-        return StaticLoop.for_decoder(decoder)
+    def for_decoder(cls, decoder, cache):
+        cls.built.append(cache)
+        return SpecLoop.for_decoder(decoder, cache)
 
 
 def test_auto_picks_eager_on_cpu_and_static_for_greedy_on_cuda(pair, tokenizer, examples, monkeypatch):
     target, drafts = pair
     enc = _batch(tokenizer, examples, 1)
-    monkeypatch.setattr(decoder_module, "StaticLoop", _Recorder)
-    _Recorder.built = 0
+    monkeypatch.setattr(decoder_module, "SpecLoop", _Recorder)
+    _Recorder.built = []
     auto = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=2)
     auto.generate(enc["input_ids"], max_new_tokens=5)
-    assert _Recorder.built == 0  # CPU: eager
+    assert _Recorder.built == ["dynamic"]  # CPU: eager
     monkeypatch.setattr(decoder_module, "graphs_available", lambda device: True)  # as on CUDA
     out = auto.generate(enc["input_ids"], max_new_tokens=5)
-    assert _Recorder.built == 1 and out.sequences.shape[1] == enc["input_ids"].shape[1] + 5
-    auto.generate(enc["input_ids"], max_new_tokens=5, do_sample=True, seed=0)  # sampling: eager
-    assert _Recorder.built == 1
+    assert _Recorder.built == ["dynamic", "static"] and out.sequences.shape[1] == enc["input_ids"].shape[1] + 5
+    auto.generate(enc["input_ids"], max_new_tokens=5, do_sample=True, seed=0)  # sampling: static too, built once
+    assert _Recorder.built == ["dynamic", "static"]
 
 
 def test_bad_backends_are_refused(pair, tokenizer, examples):
     target, drafts = pair
     with pytest.raises(ValueError, match="backend must be one of 'eager', 'static', 'compiled', 'auto'"):
         SpeculativeDecoder(target, drafts["noisy"], backend="graphs")
-    static = SpeculativeDecoder(target, drafts["noisy"], backend="static")
-    with pytest.raises(ValueError, match="greedily only.*backend='eager'"):
-        static.generate(_batch(tokenizer, examples, 1)["input_ids"], do_sample=True)
     other = copy.deepcopy(drafts["noisy"])
     other.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
@@ -280,10 +277,10 @@ def test_bad_backends_are_refused(pair, tokenizer, examples):
     sliding.config.layer_types = ["sliding_attention"]
     with pytest.raises(ValueError, match="full attention in every layer"):
         SpeculativeDecoder(target, sliding, backend="static")
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        StaticLoop(target, drafts["noisy"], 3, graphs=True)
+    with pytest.raises(ValueError, match="CUDA graphs need static caches on a CUDA device"):
+        SpecLoop(target, drafts["noisy"], 3, graphs=True)
     with pytest.raises(ValueError, match="num_draft_tokens=0"):
-        StaticLoop(target, None, 3)
+        SpecLoop(target, None, 3)
 
 
 # --- the prepared GPU check, dry run -----------------------------------------------------------

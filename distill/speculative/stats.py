@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, field
 class SpecStats:
     """Counts summed over the rows of a batch; times in seconds for the whole call.
 
-    `accepted` counts draft tokens the target accepted, row by row, in each round; rows of a
-    batch advance together by the shortest accepted block, so `new_tokens` (what was emitted)
-    can be smaller than `accepted + target_forwards` for batches and for rounds cut short by
-    EOS or `max_new_tokens`."""
+    `accepted` counts draft tokens the target accepted, row by row, in each round. Every row emits
+    its own accepted block plus one token of the target's, so `new_tokens` (what was emitted)
+    equals `accepted + sequence_forwards`, less what EOS and `max_new_tokens` cut off (and, for
+    models with sliding-window layers, whose rows advance by the shortest block, less that)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -28,17 +28,19 @@ class SpecStats:
     wall_s: float = 0.0
     num_sequences: int = 0
 
-    def record_round(self, k: int, accepted_per_row: list[int]) -> None:
-        """Add one verification round in which each row had `k` draft tokens checked."""
+    def record_round(self, proposed_per_row: list[int], accepted_per_row: list[int]) -> None:
+        """Add one verification round: row b had proposed_per_row[b] draft tokens checked, of which
+        the first accepted_per_row[b] were accepted."""
+        k = max(proposed_per_row, default=0)
         if len(self.position_proposed) < k:
             grow = k - len(self.position_proposed)
             self.position_proposed += [0] * grow
             self.position_accepted += [0] * grow
         self.rounds += 1
-        for n in accepted_per_row:
-            self.proposed += k
+        for p, n in zip(proposed_per_row, accepted_per_row):
+            self.proposed += p
             self.accepted += n
-            for j in range(k):
+            for j in range(p):
                 self.position_proposed[j] += 1
                 self.position_accepted[j] += j < n
 
@@ -71,6 +73,7 @@ class SpecStats:
 
     @property
     def tokens_per_s(self) -> float:
+        """Emitted tokens of all rows per second of wall time (the batch's throughput)."""
         return self.new_tokens / self.wall_s if self.wall_s else 0.0
 
     def to_dict(self) -> dict:
