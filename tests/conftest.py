@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,3 +34,17 @@ def target(tokenizer):
 def draft(tokenizer):
     """A smaller draft padded less than the target, as Qwen2.5-0.5B (151,936 rows) is under 7B."""
     return tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=2)
+
+
+@pytest.fixture(scope="session")
+def script():
+    """Import scripts/NAME.py as a module (the scripts are not a package): `script("bench_train")`."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,15 +9,10 @@ import pytest
 
 from distill.recipe import load_recipe
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(script):
+    return script("bench_train")
 
 
 def test_objective_recipes_differ_only_in_loss_and_output_dir(bench, tmp_path):

@@ -54,14 +54,15 @@ def test_noisy_draft_is_partially_accepted(pair, tokenizer, examples):
     assert 0.1 < stats.acceptance_rate < 0.95
 
 
-def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples):
+@pytest.mark.parametrize("draft_kind,batch_size", [("self", 3), ("noisy", 4)])
+def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples, draft_kind, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 3)
+    enc = _batch(tokenizer, examples, batch_size)
     free = target.generate(**enc, max_new_tokens=20, do_sample=False)
     prompt_len = enc["input_ids"].shape[1]
     eos = int(free[0, prompt_len + 5])  # a token the first row emits mid-block with k = 6
     expected = target.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    out = SpeculativeDecoder(target, drafts["self"], num_draft_tokens=6).generate(
+    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=6).generate(
         enc["input_ids"], enc["attention_mask"], max_new_tokens=20, eos_token_id=eos, pad_token_id=0
     )
     assert out.sequences.tolist() == expected.tolist()
@@ -69,12 +70,13 @@ def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples):
     assert row0.index(eos) <= 5 and all(t == 0 for t in row0[row0.index(eos) + 1 :])
 
 
+@pytest.mark.parametrize("draft_kind,batch_size", [("self", 2), ("noisy", 4)])
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
-def test_max_new_tokens_is_never_overshot(pair, tokenizer, examples, max_new_tokens):
+def test_max_new_tokens_is_never_overshot(pair, tokenizer, examples, max_new_tokens, draft_kind, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 2)
+    enc = _batch(tokenizer, examples, batch_size)
     expected = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-    out = SpeculativeDecoder(target, drafts["self"], num_draft_tokens=5).generate(
+    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=5).generate(
         enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens
     )
     assert out.sequences.tolist() == expected.tolist()
@@ -223,6 +225,19 @@ def test_rows_keep_their_own_accepted_length(pair, tokenizer, examples, monkeypa
     s = out.stats
     assert s.new_tokens == 4 * 150 and s.new_tokens == s.accepted + s.sequence_forwards
     assert compactions
+
+
+@pytest.mark.parametrize("backend", ["eager", "static"])
+def test_compacting_after_every_round_leaves_the_output_unchanged(pair, tokenizer, examples, monkeypatch, backend):
+    target, drafts = pair
+    enc = _batch(tokenizer, examples, 4)
+    calls = []
+    monkeypatch.setattr(loop_module.SpecLoop, "_compaction_due", lambda self, shrink: calls.append(shrink) or True)
+    expected = target.generate(**enc, max_new_tokens=40, do_sample=False)
+    out = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4, backend=backend).generate(
+        enc["input_ids"], enc["attention_mask"], max_new_tokens=40)
+    assert out.sequences.tolist() == expected.tolist()
+    assert len(calls) > 3
 
 
 @pytest.mark.parametrize("side_kind", ["dynamic", "static"])

@@ -55,15 +55,25 @@ class _Side:
         ready to be written."""
         raise NotImplementedError
 
-    def _gather(self, keep: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Each row's valid slots right-aligned into `keep` columns: (new valid mask, new keys/values)."""
+    def compact(self, keep: int) -> None:
+        """Squeeze the holes out: each row's valid slots right-aligned into the first `keep` slots
+        (`keep` at least every live row's valid count)."""
         used = self.valid[:, : self.size]
         order = torch.sort(used.int(), dim=1, stable=True).indices[:, self.size - keep :]
-        layers = []
         for layer in self.cache.layers:
             idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layers.append((layer.keys[:, :, : self.size].gather(2, idx), layer.values[:, :, : self.size].gather(2, idx)))
-        return used.gather(1, order), layers
+            self._store(layer, layer.keys[:, :, : self.size].gather(2, idx), layer.values[:, :, : self.size].gather(2, idx))
+        valid = used.gather(1, order)
+        self.valid[:, :keep] = valid
+        self.valid[:, keep:] = True
+        self.size = keep
+        self._compacted(keep, bool(valid.all()))
+
+    def _store(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _compacted(self, length: int, no_holes: bool) -> None:
+        raise NotImplementedError
 
 
 class DynamicSide(_Side):
@@ -86,6 +96,8 @@ class DynamicSide(_Side):
         return out.logits
 
     def reject(self, kept: torch.Tensor, k: int) -> None:
+        if kept.shape[0] == 1:  # one row keeps exactly what `shrink` leaves: no holes to mark
+            return
         super().reject(kept, k)
         self.holes = self.holes or bool((kept != kept.max()).any())
 
@@ -96,20 +108,11 @@ class DynamicSide(_Side):
             self.valid[:, self.length - drop : self.length] = True
             self.length -= drop
 
-    def compact(self, keep: int) -> None:
-        """Squeeze the holes out, leaving `keep` slots (at least every live row's valid count)."""
-        valid, layers = self._gather(keep)
-        for layer, (keys, values) in zip(self.cache.layers, layers):
-            layer.keys, layer.values = keys, values
-        self.valid[:, :keep] = valid
-        self.valid[:, keep:] = True
-        self.length = self.size = keep
-        self.holes = not bool(valid.all())
+    def _store(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        layer.keys, layer.values = keys, values
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows of the batch (finished rows leave it)."""
-        self.cache.batch_select_indices(rows)
-        self.valid = self.valid[rows]
+    def _compacted(self, length: int, no_holes: bool) -> None:
+        self.length, self.holes = length, not no_holes
 
 
 class StaticSide(_Side):
@@ -151,13 +154,9 @@ class StaticSide(_Side):
         self.length -= drop
         self.valid |= self.columns[None] >= self.length
 
-    def compact(self, keep: int) -> None:
-        """Squeeze the holes out, leaving `keep` slots (at least every live row's valid count)."""
-        valid, layers = self._gather(keep)
-        for layer, (keys, values) in zip(self.cache.layers, layers):
-            layer.keys[:, :, :keep].copy_(keys)
-            layer.values[:, :, :keep].copy_(values)
-        self.valid[:, :keep] = valid
-        self.valid[:, keep:] = True
-        self.length.fill_(keep)
-        self.size = keep
+    def _store(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        layer.keys[:, :, : keys.shape[2]].copy_(keys)
+        layer.values[:, :, : values.shape[2]].copy_(values)
+
+    def _compacted(self, length: int, no_holes: bool) -> None:
+        self.length.fill_(length)

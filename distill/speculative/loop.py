@@ -275,7 +275,7 @@ class SpecLoop:
             live = [i for i in live if i not in finished]
             self._retire(finished)
             if live:
-                self._compact_if_needed(live, waste, k_cap)
+                self._compact_if_needed(live, waste)
 
         stats.new_tokens = sum(map(len, out))
         width = max(map(len, out))
@@ -289,18 +289,24 @@ class SpecLoop:
         if rows:
             self.active[rows] = False
 
-    def _compact_if_needed(self, live: list[int], waste: list[int], k_cap: int) -> None:
-        """Squeeze the holes out of both caches when a static cache would overflow, or when they
-        are a quarter of a dynamic cache (attention reads every slot)."""
+    def _compact_if_needed(self, live: list[int], waste: list[int]) -> None:
+        """Squeeze the holes out of both caches when `_compaction_due`; `waste` (per row: slots that
+        hold none of its tokens) is lowered by what every live row gains."""
         shrink = min(waste[i] for i in live)
-        size = self.tside.size
-        full = size + k_cap + 1 > self.tside.capacity if self.static else shrink >= max(16, size // 4)
-        if not full:
+        if not shrink or not self._compaction_due(shrink):
             return
         for side in self._sides():
             side.compact(side.size - shrink)
         for i in range(len(waste)):
             waste[i] = max(0, waste[i] - shrink)
+
+    def _compaction_due(self, shrink: int) -> bool:
+        """When the next round would overflow a static cache, or when compaction would cut a
+        dynamic cache by a quarter (attention reads every slot, holes too)."""
+        size = self.tside.size
+        if self.static:
+            return size + self._shape[2] + 1 > self.tside.capacity
+        return shrink >= max(16, size // 4)
 
 
 def target_only_generate(target: PreTrainedModel, input_ids: torch.LongTensor, max_new_tokens: int,
