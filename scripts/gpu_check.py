@@ -3,7 +3,8 @@ scripts/gpu_check.sh, which bounds its time.
 
 On one GPU, with random weights of the real Qwen2.5-7B-Instruct target and 0.5B / 1.5B-Instruct
 draft shapes (recipes/model_configs/, no download), bf16:
-  1. bf16 greedy identity of the graphed and eager loops against target-only decoding;
+  1. bf16 greedy identity of the graphed and eager loops against target-only decoding, of all prompts
+     as one ragged batch through the graphed loop, and a sampled graphed run of that batch;
   2. c and v(k), k = 1..8, of the graphed steps and of the eager forwards;
   3. the verification loop at synthetic acceptance α (distill.speedup's SyntheticDraft and
      run_synthetic), graphed and eager, against target-only decoding through the same path;
@@ -193,10 +194,16 @@ def stage_identity(models: dict, args, results: dict) -> dict:
     for backend in ("static", "eager"):
         decoder = SpeculativeDecoder(target, draft, num_draft_tokens=5, backend=backend)
         outputs[f"{backend} speculative (k = 5)"] = [decoder.generate(p, max_new_tokens=new, eos_token_id=[]).sequences for p in prompts]
+    # All prompts as one batch through the graphed loop: every row at its own accepted length.
+    graphed = SpeculativeDecoder(target, draft, num_draft_tokens=5, backend="static")
+    batched = graphed.generate(torch.cat(prompts), max_new_tokens=new, eos_token_id=[]).sequences
+    outputs["static speculative, one batch (k = 5)"] = list(batched.split(1))
+    sampled = graphed.generate(torch.cat(prompts), max_new_tokens=new, eos_token_id=[], do_sample=True, temperature=0.7, seed=0)
     with torch.inference_mode():  # one forward over each whole sequence: do its argmaxes agree with the steps'?
         agree = [(target(s).logits[0, args.prompt_len - 1 : -1].argmax(-1) == s[0, args.prompt_len :]).float().mean().item()
                  for s in outputs["eager target-only"]]
     pairs = [("static speculative (k = 5)", "eager target-only"), ("static speculative (k = 5)", "static target-only"),
+             ("static speculative, one batch (k = 5)", "static speculative (k = 5)"),
              ("eager speculative (k = 5)", "eager target-only"), ("static target-only", "eager target-only")]
     rows = []
     for a, b in pairs:
@@ -204,7 +211,9 @@ def stage_identity(models: dict, args, results: dict) -> dict:
         prefix = [prefix_match(x, y, args.prompt_len) for x, y in zip(outputs[a], outputs[b])]
         rows.append({"pair": f"{a} vs {b}", "identity_rate": sum(same) / len(same), "mean_identical_prefix": sum(prefix) / len(prefix)})
     out = {"num_prompts": len(prompts), "new_tokens": new, "rows": rows,
-           "one_step_vs_whole_sequence_argmax_agreement": sum(agree) / len(agree)}
+           "one_step_vs_whole_sequence_argmax_agreement": sum(agree) / len(agree),
+           "graphed_sampling": {"rows": sampled.sequences.shape[0], "tokens_in_vocab": bool((sampled.sequences < target.config.vocab_size).all()),
+                                "acceptance_rate": sampled.stats.acceptance_rate}}
     results["identity"] = out
     return out
 
@@ -270,6 +279,10 @@ def render(results: dict, args) -> str:
                   f"{ident['one_step_vs_whole_sequence_argmax_agreement']:.1%}, a measure of near-ties in these logits):", "",
                   markdown_table(["outputs compared", "identical sequences", "mean identical prefix"],
                                  [[r["pair"], f"{r['identity_rate']:.0%}", f"{r['mean_identical_prefix']:.0%}"] for r in ident["rows"]])]
+        sampled = ident.get("graphed_sampling")
+        if sampled:
+            lines += ["", f"Sampling through the {label} loop (one batch of {sampled['rows']}, temperature 0.7): acceptance "
+                      f"{sampled['acceptance_rate']:.3f}, every token inside the vocabulary: {'yes' if sampled['tokens_in_vocab'] else 'NO'}."]
     costs = results.get("costs", {})
     if costs:
         rows = []
