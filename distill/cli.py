@@ -1,4 +1,4 @@
-"""`distill train | cache-teacher | accept | bench | publish | demo`: each verb is a module's main()."""
+"""`distill train | cache-teacher | accept | bench | publish | demo | rehearse`: each verb is a module's main()."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ COMMANDS = {
     "accept": ("distill.eval.acceptance", "acceptance, speedup and task quality of drafts under a target"),
     "bench": ("distill.speedup", "measure c and v(k), predict speedup, pick the best k"),
     "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint"),
+    "rehearse": ("distill.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer"),
     "prepare-tiny": ("distill.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on"),
 }
 

@@ -110,13 +110,20 @@ def _load_rows(dataset: str, split: str, subset: str | None):
     suffix = Path(dataset).suffix.lower()
     if suffix in LOCAL_FORMATS:
         if not os.path.isfile(dataset):
-            raise FileNotFoundError(f"dataset file not found: {dataset}")
+            raise FileNotFoundError(f"dataset file not found: {dataset}; fix data.dataset / data.eval_split in the recipe")
+        if os.path.getsize(dataset) == 0:
+            raise ValueError(f"dataset file {dataset} is empty: there is nothing to train or evaluate on; point the recipe at a file with rows")
         if split != "train":
             raise ValueError(
                 f"a local file has a single split, 'train'; got split={split!r} for {dataset}. "
                 "Point the dataset (or data.eval_split) at another file instead."
             )
-        return load_dataset(LOCAL_FORMATS[suffix], data_files={"train": dataset}, split="train")
+        try:
+            return load_dataset(LOCAL_FORMATS[suffix], data_files={"train": dataset}, split="train")
+        except ValueError as e:  # datasets' word for a file of zero rows
+            if "corresponds to no data" not in str(e):
+                raise
+            raise ValueError(f"dataset {dataset} has no rows: there is nothing to train or evaluate on; point the recipe at data with rows") from None
     if os.path.isfile(dataset):
         raise ValueError(f"unsupported dataset file {dataset}: use one of {', '.join(LOCAL_FORMATS)}")
     return load_dataset(dataset, subset, split=split)
@@ -141,7 +148,19 @@ def load_examples(
     required, to_example = ADAPTERS[adapter]
     missing = [c for c in required if c not in rows.column_names]
     if missing:
-        raise ValueError(f"adapter {adapter!r} needs columns {missing}, but {dataset} has {rows.column_names}")
+        raise ValueError(
+            f"adapter {adapter!r} needs columns {missing}, but {dataset} has {rows.column_names}: "
+            f"set data.adapter to the one its rows are written for ({', '.join(ADAPTERS)}), or rename the columns"
+        )
+    if len(rows) == 0:
+        raise ValueError(f"dataset {dataset} has no rows: there is nothing to train or evaluate on; point the recipe at data with rows")
+    for column in required:
+        empty = [i for i, value in enumerate(rows[column]) if value is None]
+        if empty:
+            raise ValueError(
+                f"{len(empty)} rows of {dataset} have no {column!r} (missing or null), which adapter {adapter!r} needs; "
+                f"the first is row {empty[0] + 1}: fill those rows in or drop them"
+            )
     if num_samples is not None and num_samples < len(rows):
         rows = rows.shuffle(seed=seed).select(range(num_samples))
     examples = []
@@ -406,6 +425,14 @@ def _tokenized(examples: list[dict], spec: DataSpec, tokenizer):
         for ex in tqdm(examples, desc="tokenizing", unit="example")
     ]
     return Dataset.from_list(rows)
+
+
+def check_context(spec: DataSpec, model: Any, name: str) -> None:
+    """Refuse a `data.max_length` longer than `model`'s context: RoPE runs past the trained
+    positions without an error, so the loss would be silently wrong."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if context is not None and spec.max_length > context:
+        raise ValueError(f"data.max_length {spec.max_length} exceeds the {name}'s context of {context} positions: set data.max_length (and max_prompt_length) to at most {context}")
 
 
 def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):

@@ -5,6 +5,7 @@ the measured acceptance. Written into a temporary folder, checked by reloading, 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -109,6 +110,15 @@ def pad_vocab(model: PreTrainedModel, vocab_size: int, real_vocab: int) -> list[
     return ids
 
 
+def suppress_padding_ids(model: PreTrainedModel, real_vocab: int, vocab_size: int) -> None:
+    """List every embedding row no text produces (ids >= the tokenizer's length: the checkpoint's
+    own padding, e.g. 151,665..151,935 of Qwen2.5-0.5B, and any added by `pad_vocab`) in
+    `generation_config.suppress_tokens`, so the draft never proposes one as `assistant_model=`
+    (transformers applies the assistant's own suppress_tokens to its candidates)."""
+    gen = model.generation_config
+    gen.suppress_tokens = sorted(set(gen.suppress_tokens or []) | set(range(real_vocab, vocab_size))) or None
+
+
 def load_eval_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     """Read an evaluation JSON (a file, or the newest report in a folder) and check its schema."""
     path = Path(path)
@@ -208,8 +218,10 @@ def publish(
     if padded:
         log.info("padded the vocabulary from %d to %d rows (ids %d..%d never predicted)", draft_rows, target_vocab, padded[0], padded[-1])
     draft_vocab = model.get_input_embeddings().weight.shape[0]
+    suppress_padding_ids(model, len(target_tok), draft_vocab)
     if draft_vocab != target_vocab:
-        log.warning("vocab_size %d differs from the target's %d: vLLM's draft_model method will refuse it; publish with --pad-vocab-to-target", draft_vocab, target_vocab)
+        log.warning("vocab_size %d differs from the target's %d: vLLM's draft_model method and transformers' plain assistant_model= "
+                    "refuse it; publish with --pad-vocab-to-target", draft_vocab, target_vocab)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
@@ -415,6 +427,8 @@ def _model_card(
                   "Acceptance rate: share of proposed tokens the target accepts. Mean accepted length: tokens gained per "
                   "target forward. Speedup: wall-clock against target-only decoding. Greedy identity: share of prompts "
                   "whose speculative output equals the target's own greedy output."]
+    # transformers takes an assistant of another vocab_size only with both tokenizers (universal assisted decoding).
+    assistant_extra = "" if draft_vocab == target_vocab else ", tokenizer=tokenizer, assistant_tokenizer=tokenizer"
     transformers_snippet = f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -423,7 +437,7 @@ target = AutoModelForCausalLM.from_pretrained("{target}", dtype="auto", device_m
 draft = AutoModelForCausalLM.from_pretrained("{repo}", dtype="auto", device_map="auto")
 messages = [{{"role": "user", "content": "What is 17 * 23?"}}]
 inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True).to(target.device)
-out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)
+out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256{assistant_extra})
 print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 ```"""
     parts += ["", "## Usage", "", "### transformers (`assistant_model=`)", "", transformers_snippet, ""]
@@ -470,10 +484,24 @@ def _publish_info(source: _Source, eval_report: str | Path | None, padded: list[
     }
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one renameat2(RENAME_EXCHANGE) call; False where the system has none (not Linux, old kernel or filesystem)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2 is not None and renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished folder to `out`; an existing `out` (empty, or --force) is moved aside first, then removed."""
+    """Rename the finished folder to `out`. An existing `out` (empty, or --force) is swapped with it
+    in one atomic exchange, so a killed run leaves `out` either old or whole and new; where no
+    exchange exists it is moved aside first (a kill between the two renames leaves it beside `out`)."""
     if not out.exists():
         os.replace(tmp, out)
+        return
+    if _exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
     os.replace(out, aside / out.name)

@@ -7,6 +7,8 @@ into a run.
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
 import difflib
 import os
@@ -14,6 +16,7 @@ import re
 import tempfile
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -319,6 +322,23 @@ def _cross_checks(r: Recipe) -> list[str]:
     return errors
 
 
+def _looks_local(name: str) -> bool:
+    """A path rather than a Hub id ("namespace/name"): absolute, relative with ./ or ../, deeper
+    than one slash, or a data file's suffix."""
+    return name.startswith(("/", ".")) or name.count("/") > 1 or Path(name).suffix.lower() in (".jsonl", ".json", ".parquet")
+
+
+def check_paths(recipe: Recipe) -> None:
+    """Raise RecipeError naming every local model or data path of `recipe` that does not exist, at
+    the start of a run (a missing folder would otherwise reach the Hub client as a malformed repo id)."""
+    wanted = [("target.name_or_path", recipe.target.name_or_path), ("draft.name_or_path", recipe.draft.name_or_path),
+              ("data.dataset", recipe.data.dataset), ("data.eval_split", recipe.data.eval_split)]
+    missing = [f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"
+               for key, value in wanted if value and _looks_local(value) and not Path(value).exists()]
+    if missing:
+        raise RecipeError(missing)
+
+
 # --------------------------------------------------------------------------- YAML
 
 
@@ -342,8 +362,64 @@ _Loader.add_implicit_resolver(
 )
 
 
-def load_recipe(path_or_dict: str | os.PathLike | dict) -> Recipe:
-    """Read and validate a recipe from a YAML file or a dict; raise RecipeError listing every problem."""
+def _override_field(path: str) -> tuple[list[str], list[str]]:
+    """The dotted `path` checked against the schema: (its parts, errors with did-you-mean hints).
+    Keys below a free-form mapping (draft.config) are not checked here; the model config checks them."""
+    parts, cls, where = path.split("."), Recipe, ""
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            return parts, ["--set " + _unknown_key_message(part, where, list(fields))]
+        tp = typing.get_type_hints(cls)[part]
+        inner = [a for a in (typing.get_args(tp) or (tp,)) if a is not type(None)]
+        where = f"{where}.{part}" if where else part
+        if dataclasses.is_dataclass(inner[0]):
+            cls = inner[0]
+        elif inner[0] is dict:
+            return parts, []
+        elif i < len(parts) - 1:
+            return parts, [f"--set {path}: {where} is a {_type_name(tp)} value, not a section with keys"]
+    return parts, []
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """A copy of the raw recipe `data` with each `key.path=value` applied (value read as YAML, so
+    `null`, `2`, `5e-5` and `[a, b]` are typed); a misspelt key is an error naming the closest one."""
+    data, errors = copy.deepcopy(data), []
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or not path.strip():
+            errors.append(f"--set {item!r}: write KEY=VALUE with a dotted key, e.g. training.max_steps=10")
+            continue
+        parts, problems = _override_field(path.strip())
+        if problems:
+            errors += problems
+            continue
+        try:
+            value = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as e:
+            errors.append(f"--set {item!r}: the value is not valid YAML ({e})")
+            continue
+        node = data
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    if errors:
+        raise RecipeError(errors)
+    return data
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--set KEY=VALUE` option (repeatable) that `load_recipe(..., overrides)` applies."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key before validation, e.g. --set training.max_steps=10 (repeatable; the value is read as YAML)")
+
+
+def load_recipe(path_or_dict: str | os.PathLike | dict, overrides: Sequence[str] = ()) -> Recipe:
+    """Read and validate a recipe from a YAML file or a dict, after the `--set key.path=value`
+    `overrides` (see `apply_overrides`); raise RecipeError listing every problem."""
     source = None
     if isinstance(path_or_dict, dict):
         data = path_or_dict
@@ -358,6 +434,13 @@ def load_recipe(path_or_dict: str | os.PathLike | dict) -> Recipe:
                 raise RecipeError([f"not valid YAML: {e}"], source) from e
         if data is None:
             raise RecipeError(["the file is empty"], source)
+    if overrides:
+        if not isinstance(data, dict):
+            raise RecipeError([f"expected a mapping of keys, got {_given(data)}"], source)
+        try:
+            data = apply_overrides(data, overrides)
+        except RecipeError as e:
+            raise RecipeError(e.errors, source) from None
     errors: list[str] = []
     recipe = _build(Recipe, data, "", errors)
     if recipe is not None and not errors:

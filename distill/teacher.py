@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.data import build_eval_dataset, build_train_dataset
+from distill.data import build_eval_dataset, build_train_dataset, check_context
 from distill.provenance import versions
 from distill.vocab import tokenizer_fingerprint
 
@@ -222,6 +222,9 @@ def write_cache(
     vocab_size = identity["vocab_size"]
     mine = [s for s in range(num_shards) if s % num_processes == process_index]
     todo = [s for s in mine if not (cache_dir / SHARD_PATTERN.format(s)).exists()]
+    for s in todo:  # what a killed writer of this shard left: _atomic_save_shard's temp file
+        for stale in cache_dir.glob(f".{SHARD_PATTERN.format(s)}.*.tmp"):
+            stale.unlink()
     bar = tqdm(total=sum(min(n, (s + 1) * shard_size) - s * shard_size for s in todo), desc="caching teacher", unit="ex", disable=process_index != 0)
     for s in todo:
         lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
@@ -246,18 +249,27 @@ def write_cache(
             "offsets": torch.tensor(offsets, dtype=torch.int64),
             "example_index": torch.arange(lo, hi, dtype=torch.int64),
         }
-        _atomic_save_shard(tensors, cache_dir / SHARD_PATTERN.format(s), {"shard": str(s), "top_k": str(top_k)})
+        # One metadata key: safetensors writes its metadata map in a per-process random order, and a
+        # rerun must give the same bytes as an uninterrupted run (the manifest holds top_k and the rest).
+        _atomic_save_shard(tensors, cache_dir / SHARD_PATTERN.format(s), {"shard": str(s)})
     bar.close()
     return cache_dir
 
 
+def _file_record(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
 def finish_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
-    """Mark a cache complete once every shard is on disk (main process, after all writers)."""
+    """Mark a cache complete once every shard is on disk (main process, after all writers),
+    recording each shard's size and sha256 so a truncated or corrupted shard is refused later."""
     cache_dir = Path(cache_dir)
     manifest = json.loads((cache_dir / MANIFEST).read_text())
     missing = [s for s in range(manifest["num_shards"]) if not (cache_dir / SHARD_PATTERN.format(s)).exists()]
     if missing:
         raise RuntimeError(f"{cache_dir} is missing shards {missing}: rerun `distill cache-teacher` to fill them")
+    manifest["shards"] = [_file_record(cache_dir / SHARD_PATTERN.format(s)) for s in range(manifest["num_shards"])]
     manifest["complete"] = True
     _atomic_write_text(cache_dir / MANIFEST, json.dumps(manifest, indent=2))
     return manifest
@@ -277,7 +289,10 @@ class TeacherCache:
         path = self.cache_dir / MANIFEST
         if not path.exists():
             raise FileNotFoundError(f"no teacher cache at {self.cache_dir} (no {MANIFEST}): run `distill cache-teacher RECIPE` first")
-        self.manifest = json.loads(path.read_text())
+        try:
+            self.manifest = json.loads(path.read_text())
+        except ValueError as e:
+            raise CacheMismatchError(f"{path} is not valid JSON ({e}): delete {self.cache_dir} and rerun `distill cache-teacher RECIPE`") from None
         if self.manifest.get("format") != CACHE_FORMAT:
             raise CacheMismatchError(f"{self.cache_dir} has cache format {self.manifest.get('format')}, this distill reads {CACHE_FORMAT}: rebuild it")
         missing = [s for s in range(self.manifest["num_shards"]) if not (self.cache_dir / SHARD_PATTERN.format(s)).exists()]
@@ -289,6 +304,20 @@ class TeacherCache:
         self.top_k = int(self.manifest["top_k"])
         self.shard_size = int(self.manifest["shard_size"])
         self._handles: dict[int, Any] = {}
+        self.verify()
+
+    def verify(self) -> None:
+        """Refuse a shard whose size or sha256 differs from what `finish_cache` recorded (one read
+        of the cache, before training starts rather than hours into it)."""
+        for s, recorded in enumerate(self.manifest.get("shards", [])):
+            shard = self.cache_dir / SHARD_PATTERN.format(s)
+            found = _file_record(shard) if shard.stat().st_size == recorded["bytes"] else {"bytes": shard.stat().st_size}
+            if found != recorded:
+                what = f"{found['bytes']} bytes, the manifest recorded {recorded['bytes']}" if found["bytes"] != recorded["bytes"] else "its sha256 differs from the manifest's"
+                raise CacheMismatchError(
+                    f"teacher cache shard {shard} is corrupt ({what}): delete it and rerun `distill cache-teacher RECIPE`, "
+                    "which recomputes only the missing shards"
+                )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handles": {}}
@@ -312,7 +341,11 @@ class TeacherCache:
         if s not in self._handles:
             if len(self._handles) >= MAX_OPEN_SHARDS:  # keep the number of open files bounded
                 self._handles.pop(next(iter(self._handles)))
-            self._handles[s] = safe_open(str(self.cache_dir / SHARD_PATTERN.format(s)), framework="pt")
+            shard = self.cache_dir / SHARD_PATTERN.format(s)
+            try:
+                self._handles[s] = safe_open(str(shard), framework="pt")
+            except SafetensorError as e:
+                raise CacheMismatchError(f"teacher cache shard {shard} is unreadable ({e}): delete it and rerun `distill cache-teacher RECIPE`") from None
         return self._handles[s]
 
     def example(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -377,6 +410,9 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     are split across processes."""
     from accelerate import PartialState
 
+    from distill.recipe import check_paths
+
+    check_paths(recipe)
     cache_dir = cache_dir or recipe.teacher.cache_dir
     if not cache_dir:
         raise ValueError("the recipe has no teacher.cache_dir: set it (or pass --cache-dir) to say where the cache goes")
@@ -386,6 +422,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device)
+    check_context(recipe.data, model, "target")
     provenance = {
         "recipe": recipe.to_dict(),
         "recipe_path": recipe_path,
@@ -417,15 +454,16 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill cache-teacher RECIPE`: write the target's top-k log-prob cache a recipe trains from."""
-    from distill.recipe import load_recipe
+    from distill.recipe import add_set_argument, load_recipe
 
     parser = argparse.ArgumentParser(prog="distill cache-teacher", description=main.__doc__)
     parser.add_argument("recipe", help="recipe YAML (its target, data and teacher sections are used)")
     parser.add_argument("--cache-dir", default=None, help="override teacher.cache_dir")
     parser.add_argument("--dtype", default="float32", choices=sorted(CACHE_DTYPES), help="stored log-prob precision (float16 halves the disk)")
     parser.add_argument("--shard-size", type=int, default=256, help="examples per shard (the unit of resumption)")
+    add_set_argument(parser)
     args = parser.parse_args(argv)
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, args.overrides)
     written = cache_teacher(recipe, args.recipe, cache_dir=args.cache_dir, dtype=args.dtype, shard_size=args.shard_size)
     for name, where in written.items():
         print(f"{name}: {where}")

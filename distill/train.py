@@ -38,11 +38,10 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 from distill import losses
-from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
-from distill.recipe import save_recipe
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context
+from distill.recipe import check_paths, save_recipe
 from distill.teacher import (
     CachedTeacherCollator,
     TeacherCache,
@@ -402,6 +401,7 @@ def _open_cache(where: Path, identity: dict[str, Any], top_k: int | None) -> Tea
 def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> DistillTrainer:
     """Everything a run needs, from the recipe: tokenizer, draft (LoRA or full), teacher (online or
     cache), datasets, collators and the trainer."""
+    check_paths(recipe)
     # TrainingArguments first: under ZeRO-3 it switches on partitioned loading (zero3_init_flag).
     args = training_arguments(recipe, recipe.data.eval_split is not None)
     spec = recipe.target
@@ -426,6 +426,8 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     for name, m in (("draft", model), ("target", teacher)):
         if m is not None and m.config.get_text_config().vocab_size < vocab_size:
             raise ValueError(f"the {name}'s embedding has {m.config.get_text_config().vocab_size} rows, fewer than the tokenizer's {vocab_size} tokens")
+        if m is not None:
+            check_context(recipe.data, m, name)
     if recipe.draft.lora is not None:
         set_seed(recipe.seed)  # the adapter's random init
         model = apply_lora(model, recipe.draft.lora)
@@ -521,13 +523,50 @@ def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     return out
 
 
+def _saved_step(checkpoint: Path) -> int | None:
+    """The global step in `checkpoint`'s trainer_state.json, None when it is absent or torn. Trainer
+    writes that file last, so a checkpoint without a whole one was cut off while saving."""
+    try:
+        return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_problems(checkpoint: Path, num_processes: int = 1) -> list[str]:
+    """What a resume from `checkpoint` would silently lack: weights, optimizer and scheduler state
+    (Trainer restarts them fresh when their file is missing) and each process's RNG state."""
+    names = {p.name for p in checkpoint.iterdir()}
+    deepspeed = "latest" in names  # DeepSpeed keeps weights, optimizer and scheduler in its own global_stepN/
+    wanted = [] if deepspeed else [("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors"), ("optimizer.pt",), ("scheduler.pt",)]
+    wanted += [("rng_state.pth",)] if num_processes == 1 else [(f"rng_state_{i}.pth",) for i in range(num_processes)]
+    return [" or ".join(files) for files in wanted if not names.intersection(files)]
+
+
 def _check_output_dir(output_dir: str, resume: bool) -> str | None:
-    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    if resume and last is None:
+    """The checkpoint to resume from: the newest one saved whole (one cut off mid-save is passed over),
+    refused when it lacks a file a faithful resume needs."""
+    steps = {int(p.name[len("checkpoint-"):]): p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-"):].isdigit()}
+    found = [steps[s] for s in sorted(steps, reverse=True)]
+    if not resume:
+        if found:
+            raise FileExistsError(f"{output_dir} already has {found[0].name}: pass --resume to continue it, or set output_dir to a new directory")
+        return None
+    torn = [p for s, p in sorted(steps.items(), reverse=True) if _saved_step(p) != s]
+    whole = [p for p in found if p not in torn]
+    if torn:
+        logger.warning("passing over %s: cut off while saving (no whole trainer_state.json)", ", ".join(p.name for p in torn))
+    if not whole:
+        if torn:
+            raise FileNotFoundError(f"--resume: {', '.join(p.name for p in torn)} in {output_dir} were cut off while saving and no earlier checkpoint exists; delete them and run without --resume")
         raise FileNotFoundError(f"--resume: no checkpoint-N directory in {output_dir}; run without --resume to start")
-    if not resume and last is not None:
-        raise FileExistsError(f"{output_dir} already has {os.path.basename(last)}: pass --resume to continue it, or set output_dir to a new directory")
-    return last
+    missing = checkpoint_problems(whole[0], int(os.environ.get("WORLD_SIZE", "1")))
+    if missing:
+        previous = f"resume from {whole[1].name}" if len(whole) > 1 else "start again"
+        raise FileNotFoundError(
+            f"--resume: {whole[0]} lacks {'; '.join(missing)}, so the run would not continue as it was (Trainer restarts what is missing): "
+            f"restore the files, or delete {whole[0].name} to {previous}"
+        )
+    return str(whole[0])
 
 
 def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
@@ -562,14 +601,15 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`distill train RECIPE [--resume]` (or `accelerate launch scripts/train.py RECIPE`)."""
-    from distill.recipe import load_recipe
+    """`distill train RECIPE [--resume] [--set KEY=VALUE ...]` (or `accelerate launch scripts/train.py RECIPE`)."""
+    from distill.recipe import add_set_argument, load_recipe
 
     parser = argparse.ArgumentParser(prog="distill train", description=main.__doc__)
     parser.add_argument("recipe", help="recipe YAML")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint-N in output_dir")
+    add_set_argument(parser)
     args = parser.parse_args(argv)
-    metrics = train(load_recipe(args.recipe), resume=args.resume, recipe_path=args.recipe)
+    metrics = train(load_recipe(args.recipe, args.overrides), resume=args.resume, recipe_path=args.recipe)
     shown = {k: v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "eval_expected_acceptance", "eval_top1_agreement")}
     print(json.dumps(shown, indent=2))
     return 0

@@ -201,8 +201,9 @@ def gsm8k_target(rows: list[dict[str, Any]], out: Path, settings: dict[str, Any]
     return target_dir
 
 
-def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
-    """KD vs CE on GSM8K text: target and drafts trained on train.jsonl, measured on test questions."""
+def gsm8k_pair(args: argparse.Namespace) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, dict[str, Any], list[dict[str, Any]]]:
+    """The GSM8K tiny pair from `args` (gsm8k_dir, rows, vocab_size, target_steps, work): the trained
+    target, its tokenizer, the base draft recipe on the train rows (test rows held out) and the rows."""
     data = Path(args.gsm8k_dir).resolve()
     train_file, test_file = data / "train.jsonl", data / "test.jsonl"
     rows = read_jsonl(train_file, args.rows)
@@ -217,7 +218,15 @@ def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     base["draft"]["config"]["vocab_size"] = len(tokenizer) + 8
     base["data"] = {"dataset": str(train_file), "adapter": "gsm8k", "num_samples": len(rows), "eval_split": str(test_file),
                     "eval_samples": 64, "max_prompt_length": 192, "max_length": 384}
-    prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(test_file, args.prompts)])
+    return target, tokenizer, base, rows
+
+
+def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
+    """KD vs CE on GSM8K text: target and drafts trained on train.jsonl, measured on test questions."""
+    data = Path(args.gsm8k_dir).resolve()
+    target, tokenizer, base, rows = gsm8k_pair(args)
+    work = Path(args.work).resolve()
+    prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(data / "test.jsonl", args.prompts)])
     results = {name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
                for name, recipe in objective_recipes(base, work, args.steps).items()}
     notes = (f"GSM8K text from {data.name}/ (never copied into the repo): tokenizer ({len(tokenizer)} tokens) built on the "

@@ -158,7 +158,7 @@ def test_pad_vocab_to_target_changes_no_output(env, tokenizer, target, tmp_path)
     old, real = unpadded.config.vocab_size, len(tokenizer)
     # What vLLM's draft_model check compares.
     assert AutoConfig.from_pretrained(out).vocab_size == target.config.vocab_size == padded.lm_head.weight.shape[0] > old
-    assert padded.generation_config.suppress_tokens == list(range(old, target.config.vocab_size))
+    assert padded.generation_config.suppress_tokens == list(range(real, target.config.vocab_size))  # every id no text produces
 
     assert torch.equal(_greedy(padded, tokenizer, 32), _greedy(unpadded, tokenizer, 32))
     enc = tokenizer(PROMPTS[0], return_tensors="pt")
@@ -172,12 +172,12 @@ def test_pad_vocab_to_target_changes_no_output(env, tokenizer, target, tmp_path)
     run = padded.generate(**enc, do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=24,
                           output_scores=True, return_dict_in_generate=True)
     seq, start = run.sequences, enc["input_ids"].shape[1] - 1
-    assert (seq < old).all()
-    with torch.no_grad():
-        ref = unpadded(seq).logits[0, start : start + len(run.scores)].softmax(-1)
+    assert (seq < real).all()
+    with torch.no_grad():  # the unpadded draft's distribution over the real tokens (padding rows suppressed)
+        ref = unpadded(seq).logits[0, start : start + len(run.scores), :real].softmax(-1)
     probs = torch.cat(run.scores).softmax(-1)
-    assert (probs[:, old:] == 0).all()
-    torch.testing.assert_close(probs[:, :old], ref, rtol=1e-5, atol=1e-7)
+    assert (probs[:, real:] == 0).all()
+    torch.testing.assert_close(probs[:, :real], ref, rtol=1e-5, atol=1e-7)
 
     # Without suppress_tokens (vLLM ignores it) a padded id is never the argmax and never likelier than 1/real,
     # whatever the hidden state (random directions, and ones opposite the rows' common direction).

@@ -1,0 +1,317 @@
+"""Which distillation recipe buys the most acceptance? A DistillSpec-style grid on the GSM8K tiny
+pair of `scripts/bench_train.py gsm8k` (same target, draft init, steps and seed): training data
+{dataset responses, target-generated responses, on-policy λ = 0.5} × divergence {forward KL,
+reverse KL, JSD β = 0.5, TVD}, plus the cross-entropy baseline. Each draft is measured greedily
+and sampled (temperature 0.7) under `distill.speculative` on held-out test questions, with its
+held-out 1 − TVD, training time (target generations included) and acceptance gained per second.
+
+    OMP_NUM_THREADS=1 python scripts/bench_recipes.py --rows 7473 --target-steps 1000 --steps 400
+
+Finished drafts are kept in <work>/recipes/results.json and skipped on a rerun with the same
+settings (`--only` trains a subset). Prints the table with its command, rewrites the
+`bench_recipes` section of docs/benchmarks.md and draws docs/recipes-acceptance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import DOCS, GSM8K_DIR, REPO, chat_prompts, gsm8k_pair, read_jsonl, report  # noqa: E402
+
+from distill.data import generate_responses, load_examples  # noqa: E402
+from distill.demo import measure  # noqa: E402
+from distill.docs import markdown_table  # noqa: E402
+from distill.recipe import load_recipe  # noqa: E402
+from distill.speculative import SpeculativeDecoder  # noqa: E402
+from distill.train import build_trainer, train  # noqa: E402
+
+PLOT = REPO / "docs" / "recipes-acceptance.png"
+CE = "cross-entropy (dataset responses)"
+# Training data: recipe overrides per source ("target" also gets its generation cache path).
+SOURCES = {
+    "dataset responses": {},
+    "target responses": {"data": {"response_source": "target"}},
+    "on-policy λ = 0.5": {"loss": {"lmbda": 0.5}},
+}
+DIVERGENCES = {
+    "forward KL": {"divergence": "forward_kl"},
+    "reverse KL": {"divergence": "reverse_kl"},
+    "JSD β = 0.5": {"divergence": "jsd", "beta": 0.5},
+    "TVD": {"divergence": "tvd"},
+}
+HEADER = ["recipe", "steps", "greedy acceptance", "× CE", "tokens / target forward", "sampled acceptance (T = 0.7)",
+          "sampled tokens / forward", "held-out 1 − TVD", "train wall s", "train CPU s", "Δ acceptance vs CE per 100 CPU s"]
+
+
+def recipe_grid(base: dict[str, Any], work: Path, steps: int, generation_max_new_tokens: int,
+                on_policy_max_new_tokens: int) -> dict[str, dict[str, Any]]:
+    """The CE baseline and every source × divergence recipe from `base`: own output_dir under
+    `work`, the same seed, steps and draft init; training evaluates nothing (measured afterwards)."""
+    def one(slug: str, loss: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+        recipe = copy.deepcopy(base)
+        recipe["output_dir"] = str(work / slug)
+        recipe["data"] = {**recipe["data"], "eval_split": None, **source.get("data", {})}
+        if recipe["data"].get("response_source") == "target":
+            recipe["data"].update(generation_cache=str(work / "target-responses.jsonl"),
+                                  generation_max_new_tokens=generation_max_new_tokens, generation_batch_size=32)
+        recipe["loss"] = {**recipe.get("loss", {}), "max_new_tokens_on_policy": on_policy_max_new_tokens, **loss, **source.get("loss", {})}
+        recipe["training"] = {**recipe["training"], "max_steps": steps, "eval_steps": None, "save_steps": 10 * steps}
+        return recipe
+
+    grid = {CE: one("ce", {"divergence_weight": 0.0, "ce_weight": 1.0}, {})}
+    for div_name, div in DIVERGENCES.items():  # divergence outermost: a run cut short still covers every source
+        for source_name, source in SOURCES.items():
+            slug = f"{source_name.split()[0]}-{div['divergence']}".lower()
+            grid[f"{div_name} · {source_name}"] = one(slug, {**div, "divergence_weight": 1.0, "ce_weight": 0.0}, source)
+    return grid
+
+
+def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> float:
+    """Generate (once) the target's responses the target-source recipes train on, into their
+    generation cache, exactly as `distill.data` would; returns the seconds that first generation
+    took (kept beside the cache, so a rerun still reports it)."""
+    spec = load_recipe(recipe).data
+    timing = Path(f"{spec.generation_cache}.seconds.json")
+    if Path(spec.generation_cache).exists() and timing.exists():
+        return json.loads(timing.read_text())["seconds"]
+    examples = load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, recipe["seed"], subset=spec.subset)
+    started = time.perf_counter()
+    generate_responses(target, tokenizer, examples, spec.generation_max_new_tokens, spec.generation_cache,
+                       batch_size=spec.generation_batch_size, max_prompt_length=spec.max_prompt_length)
+    seconds = time.perf_counter() - started
+    timing.write_text(json.dumps({"seconds": seconds, "prompts": len(examples)}))
+    return seconds
+
+
+def held_out_tvd(recipe: dict[str, Any], draft_dir: Path, eval_split: str, eval_samples: int) -> float:
+    """Held-out 1 − TVD of a trained draft, computed by the trainer's own evaluation (the figure
+    training logs as eval_expected_acceptance) on the same test rows with the dataset's answers
+    for every recipe, so target-source drafts are not scored on their own kind of text."""
+    recipe = copy.deepcopy(recipe)
+    recipe["draft"] = {"name_or_path": str(draft_dir), "dtype": "float32"}
+    recipe["data"] = {**recipe["data"], "response_source": "dataset", "num_samples": 16, "eval_split": eval_split,
+                      "eval_samples": eval_samples}
+    recipe["loss"]["lmbda"] = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe["output_dir"] = tmp
+        return build_trainer(load_recipe(recipe)).evaluate()["eval_expected_acceptance"]
+
+
+def sampled(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[torch.Tensor],
+            k: int, max_new_tokens: int, temperature: float, seed: int) -> dict[str, float]:
+    """Acceptance and tokens per target forward under lossless rejection sampling at `temperature`
+    (prompt i sampled with seed + i, so every draft meets the same random stream)."""
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=k, tokenizer=tokenizer)
+    stats = [decoder.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, seed=seed + i,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).stats
+             for i, ids in enumerate(prompts)]
+    proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
+    new_tokens, forwards = sum(s.new_tokens for s in stats), sum(s.sequence_forwards for s in stats)
+    return {"acceptance_rate": accepted / proposed if proposed else 0.0,
+            "tokens_per_target_forward": new_tokens / forwards if forwards else 0.0}
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties get their mean rank): Pearson's r of the ranks."""
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for m in range(i, j + 1):
+                r[order[m]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def run_recipe(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[torch.Tensor],
+               args: argparse.Namespace, generation_s: float) -> dict[str, Any]:
+    """Train one draft from scratch (its output_dir is replaced) and measure it greedy and sampled."""
+    out = Path(recipe["output_dir"])
+    shutil.rmtree(out, ignore_errors=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    train(load_recipe(recipe))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    greedy = measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens)
+    sample = sampled(target, draft, tokenizer, prompts, args.k, args.max_new_tokens, args.temperature, args.seed)
+    test_file = str(Path(args.gsm8k_dir).resolve() / "test.jsonl")
+    return {"steps": recipe["training"]["max_steps"], "acceptance_rate": greedy["acceptance_rate"],
+            "tokens_per_target_forward": greedy["tokens_per_target_forward"], "greedy_identity": greedy["greedy_identity"],
+            "sampled_acceptance_rate": sample["acceptance_rate"], "sampled_tokens_per_target_forward": sample["tokens_per_target_forward"],
+            "held_out_expected_acceptance": held_out_tvd(recipe, out / "draft", test_file, args.eval_samples),
+            "train_wall_s": wall + generation_s, "train_cpu_s": cpu + generation_s, "generation_s": generation_s}
+
+
+def rows_for(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """Table rows in HEADER's order, best greedy acceptance first; gains are over the CE draft."""
+    ce = results.get(CE)
+    table = []
+    for name, r in sorted(results.items(), key=lambda kv: -kv[1]["acceptance_rate"]):
+        ratio = f"{r['acceptance_rate'] / ce['acceptance_rate']:.2f}×" if ce else "-"
+        gain = f"{100 * (r['acceptance_rate'] - ce['acceptance_rate']) / r['train_cpu_s']:+.4f}" if ce and name != CE else "-"
+        table.append([name, r["steps"], r["acceptance_rate"], ratio, r["tokens_per_target_forward"], r["sampled_acceptance_rate"],
+                      r["sampled_tokens_per_target_forward"], r["held_out_expected_acceptance"], f"{r['train_wall_s']:.0f}",
+                      f"{r['train_cpu_s']:.0f}", gain])
+    return table
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Greedy acceptance against training CPU seconds, one point per recipe (marker = data source,
+    colour = divergence, the CE baseline as a black star)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markers = dict(zip(SOURCES, "o^s"))
+    colours = {name: f"C{i}" for i, name in enumerate(DIVERGENCES)}
+    fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
+    for name, r in results.items():
+        if name == CE:
+            ax.scatter(r["train_cpu_s"], r["acceptance_rate"], marker="*", s=180, color="black", label=CE, zorder=3)
+            continue
+        div, source = name.split(" · ")
+        ax.scatter(r["train_cpu_s"], r["acceptance_rate"], marker=markers[source], s=60, color=colours[div], label=name, zorder=3)
+    ax.set(xlabel="training CPU seconds (target generations included)", ylabel="greedy acceptance rate, k = 4",
+           title="Acceptance vs training cost per recipe (GSM8K tiny pair)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def command_line(argv: Sequence[str] | None) -> str:
+    """The exact command that produced the table (one thread, as the study ran)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return "OMP_NUM_THREADS=1 python scripts/bench_recipes.py " + " ".join(shlex.quote(a) for a in args)
+
+
+def notes(results: dict[str, dict[str, Any]], args: argparse.Namespace, target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+          n_rows: int, n_prompts: int, plot_path: Path, missing: Sequence[str]) -> str:
+    """What was measured and how, the proxy's rank correlation and the best recipe against CE."""
+    names = list(results)
+    rho_greedy = spearman([results[n]["held_out_expected_acceptance"] for n in names], [results[n]["acceptance_rate"] for n in names])
+    rho_sampled = spearman([results[n]["held_out_expected_acceptance"] for n in names], [results[n]["sampled_acceptance_rate"] for n in names])
+    best = max(names, key=lambda n: results[n]["acceptance_rate"])
+    best_sampled = max(names, key=lambda n: results[n]["sampled_acceptance_rate"])
+    ce = results.get(CE)
+    lines = [
+        f"![acceptance vs training time]({os.path.relpath(plot_path, args.docs.parent)})",
+        "",
+        f"- best greedy recipe: **{best}**, acceptance {results[best]['acceptance_rate']:.3f}"
+        + (f" = {results[best]['acceptance_rate'] / ce['acceptance_rate']:.2f}× the CE draft's {ce['acceptance_rate']:.3f}" if ce else ""),
+        f"- best sampled recipe (T = {args.temperature}): **{best_sampled}**, acceptance {results[best_sampled]['sampled_acceptance_rate']:.3f}"
+        + (f" = {results[best_sampled]['sampled_acceptance_rate'] / ce['sampled_acceptance_rate']:.2f}× CE's" if ce else ""),
+        f"- proxy check over the {len(names)} drafts: Spearman ρ(held-out 1 − TVD, greedy acceptance) = {rho_greedy:.2f}, "
+        f"ρ(held-out 1 − TVD, sampled acceptance) = {rho_sampled:.2f}",
+        *([f"- not trained in this run: {', '.join(missing)}"] if missing else []),
+        "",
+        f"GSM8K tiny pair of `scripts/bench_train.py gsm8k`: tokenizer ({len(tokenizer)} tokens) and target (hidden 128, 4 layers, "
+        f"{target.config.vocab_size} embedding rows, {args.target_steps} CE steps) on the first {n_rows} train rows; every draft "
+        f"(tiny-cpu.yaml: hidden 64, 1 layer, {len(tokenizer) + 8} rows) from the same seed-0 init, {args.steps} steps, batch 16, "
+        f"lr 3e-3, on the same rows. Target responses: the target's greedy answers to those prompts (≤ "
+        f"{args.generation_max_new_tokens} new tokens), generated once; their generation time is added to each target-source "
+        f"draft's training time. On-policy: a λ = 0.5 share of batches answered by the draft itself (sampled at T = 1, ≤ "
+        f"{args.on_policy_max_new_tokens} new tokens, GKD style). Held-out 1 − TVD: the trainer's evaluation on {args.eval_samples} "
+        f"test rows with the dataset's answers, the same rows for every draft. Acceptance: distill.speculative, k = {args.k}, "
+        f"the first {n_prompts} test.jsonl questions, {args.max_new_tokens} new tokens, greedy (output identical to the target's "
+        f"for {sum(r['greedy_identity'] == 1.0 for r in results.values())}/{len(results)} drafts on every prompt) and sampled at "
+        f"T = {args.temperature} (prompt i with seed {args.seed} + i). CPU seconds are this process's (1 thread, so other jobs on the "
+        f"shared CPU do not inflate them); wall seconds were measured on a CPU shared with other jobs. Δ per 100 CPU s = "
+        f"(acceptance − CE's) / training CPU s × 100.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python scripts/bench_recipes.py [options]`."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gsm8k-dir", default=str(GSM8K_DIR), help="directory with GSM8K train.jsonl and test.jsonl")
+    parser.add_argument("--rows", type=int, default=7473, help="GSM8K train rows (tokenizer, target and drafts)")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="tokenizer size built on GSM8K text")
+    parser.add_argument("--target-steps", type=int, default=1000, help="CE steps for the tiny target")
+    parser.add_argument("--steps", type=int, default=400, help="draft training steps, the same for every draft")
+    parser.add_argument("--generation-max-new-tokens", type=int, default=192, help="target responses: new tokens at most")
+    parser.add_argument("--on-policy-max-new-tokens", type=int, default=128, help="on-policy draft samples: new tokens at most")
+    parser.add_argument("--prompts", type=int, default=16, help="held-out questions measured")
+    parser.add_argument("--eval-samples", type=int, default=64, help="held-out rows for 1 − TVD")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampled decoding's temperature")
+    parser.add_argument("--seed", type=int, default=0, help="sampled decoding's seed")
+    parser.add_argument("--only", nargs="+", metavar="RECIPE", help="train only these recipes (names as in the table)")
+    parser.add_argument("--work", default=str(REPO / "runs" / "gsm8k"))
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the benchmarks file whose section is rewritten")
+    parser.add_argument("--plot", type=Path, default=PLOT, help="where the acceptance-vs-time plot goes")
+    args = parser.parse_args(argv)
+    if not (Path(args.gsm8k_dir) / "train.jsonl").is_file():
+        parser.error(f"no train.jsonl in {args.gsm8k_dir}: pass --gsm8k-dir pointing at the GSM8K data")
+    started = time.perf_counter()
+    target, tokenizer, base, rows = gsm8k_pair(args)
+    work = Path(args.work).resolve() / "recipes"
+    work.mkdir(parents=True, exist_ok=True)
+    grid = recipe_grid(base, work, args.steps, args.generation_max_new_tokens, args.on_policy_max_new_tokens)
+    unknown = sorted(set(args.only or []) - set(grid))
+    if unknown:
+        parser.error(f"unknown recipes {unknown}: choose from {sorted(grid)}")
+    prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(Path(args.gsm8k_dir) / "test.jsonl", args.prompts)])
+    settings = {k: v for k, v in vars(args).items() if k not in ("only", "docs", "plot")}
+    results_path = work / "results.json"
+    saved = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results = saved.get("results", {}) if saved.get("settings") == json.loads(json.dumps(settings, default=str)) else {}
+    generation_s = None
+    for name in args.only or grid:
+        if name in results:
+            continue
+        recipe = grid[name]
+        if recipe["data"].get("response_source") == "target" and generation_s is None:
+            generation_s = target_generations(recipe, target, tokenizer)
+        print(f"--- {name}", flush=True)
+        results[name] = run_recipe(recipe, target, tokenizer, prompts, args,
+                                   generation_s if recipe["data"].get("response_source") == "target" else 0.0)
+        _write_json(results_path, {"settings": json.loads(json.dumps(settings, default=str)), "results": results})
+    plot_path = plot(results, args.plot)
+    table = markdown_table(HEADER, rows_for(results))
+    report("bench_recipes", "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)",
+           command_line(argv), table, notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path,
+                                            [n for n in grid if n not in results]), args.docs)
+    print(f"({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,447 @@
+"""Faults and bad input: `distill train`, `distill cache-teacher` and `scripts/publish.py` SIGKILLed at
+chosen points and rerun end exactly where an uninterrupted run does; corrupt or mismatched files are
+refused with one message naming the file and the fix; the security defaults hold.
+
+Kills are deterministic: the real CLI runs as a subprocess behind a small hook (written to the test's
+temp dir, never in the product) that wraps one function and SIGKILLs the process on its Nth call,
+before it, after it, or after truncating the file it just wrote to half (a torn write)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from datasets import Dataset
+from huggingface_hub import HfApi
+from safetensors.torch import load_file
+
+from distill.data import load_examples, tokenize_example
+from distill.publish import main as publish_main
+from distill.publish import publish
+from distill.recipe import RecipeError, load_recipe
+from distill.teacher import CacheMismatchError, TeacherCache
+from distill.teacher import main as teacher_main
+from distill.train import main as train_main
+from distill.train import build_trainer, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+KILL_HOOK = '''
+"""Test-only: SIGKILL this process at the call given by $KILL_AT = "module:attr.path:N:when[:basename]"."""
+import importlib, os, signal
+
+module, attr, n, when, *name = os.environ["KILL_AT"].split(":")
+owner = importlib.import_module(module)
+*parents, leaf = attr.split(".")
+for part in parents:
+    owner = getattr(owner, part)
+original, calls = getattr(owner, leaf), [0]
+
+
+def _path(args, kwargs):
+    return os.fspath(args[1] if len(args) > 1 else next(iter(kwargs.values())))
+
+
+def wrapper(*args, **kwargs):
+    if name and os.path.basename(_path(args, kwargs)) != name[0]:
+        return original(*args, **kwargs)
+    calls[0] += 1
+    if calls[0] == int(n) and when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = original(*args, **kwargs)
+    if calls[0] == int(n):
+        if when == "torn":
+            path = _path(args, kwargs)
+            os.truncate(path, os.path.getsize(path) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+
+setattr(owner, leaf, wrapper)
+'''
+
+
+def run_cli(args: list[str], tmp: Path, kill_at: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The `distill` CLI's main on ARGS, or `python scripts/publish.py ARGS` when args[0] is a .py
+    file, in a fresh one-thread Python, with the kill hook imported first when `kill_at` is given."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tmp), str(REPO)]), "HF_HUB_OFFLINE": "1"}
+    env.pop("KILL_AT", None)
+    if kill_at:
+        (tmp / "_kill_hook.py").write_text(KILL_HOOK)
+        env["KILL_AT"] = kill_at
+    script = "import runpy, sys\n"
+    if kill_at:
+        script += "import _kill_hook\n"
+    if args[0].endswith(".py"):
+        script += "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+    else:
+        script += "from distill.cli import main\nraise SystemExit(main())\n"
+    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+
+
+def assert_killed(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == -signal.SIGKILL, f"expected a SIGKILL, got rc={proc.returncode}\n{proc.stderr[-3000:]}"
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, by relative path (hidden temp files included)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------------
+# a tiny run on disk
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tokenizer, target, examples):
+    """A saved tiny target (embedding padded +32) and prompt/response JSONL files."""
+    root = tmp_path_factory.mktemp("faults")
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    for name, rows in (("train.jsonl", examples[:48]), ("eval.jsonl", examples[300:308])):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def recipe_dict(root: Path, out: str, **sections) -> dict:
+    d = {
+        "seed": 0,
+        "output_dir": str(root / out),
+        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
+        "draft": {
+            "dtype": "float32",
+            "config": {
+                "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
+            },
+        },
+        "data": {
+            "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
+            "eval_samples": 8, "max_prompt_length": 40, "max_length": 64,
+        },
+        "teacher": {"mode": "online"},
+        "loss": {"divergence": "forward_kl"},
+        "training": {
+            "max_steps": 8, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "cosine",
+            "warmup_ratio": 0.1, "logging_steps": 1, "save_steps": 2, "save_total_limit": 2, "report_to": ["none"],
+        },
+    }
+    for key, value in sections.items():
+        d[key] = {**d[key], **value}
+    return d
+
+
+def write_recipe(root: Path, name: str, **sections) -> Path:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe_dict(root, name, **sections)))
+    return path
+
+
+def final_state(output_dir: Path) -> tuple[dict[str, torch.Tensor], list[float], float]:
+    """(draft weights, per-step training losses of the last checkpoint's history, final eval loss)."""
+    weights = load_file(output_dir / "draft" / "model.safetensors")
+    info = json.loads((output_dir / "run_info.json").read_text())
+    last = output_dir / f"checkpoint-{info['global_step']}"
+    history = json.loads((last / "trainer_state.json").read_text())["log_history"]
+    return weights, [h["loss"] for h in history if "loss" in h], info["metrics"]["eval_loss"]
+
+
+@pytest.fixture(scope="module")
+def straight(tiny):
+    """The uninterrupted run every killed-and-resumed run must equal."""
+    assert train_main([str(write_recipe(tiny, "straight"))]) == 0
+    return final_state(tiny / "straight")
+
+
+def assert_same_run(got: tuple, expected: tuple) -> None:
+    weights, losses, eval_loss = got
+    assert weights.keys() == expected[0].keys()
+    for name, value in expected[0].items():
+        assert torch.equal(weights[name], value), name
+    assert losses == expected[1] and len(losses) == 8
+    assert eval_loss == expected[2]
+
+
+# --------------------------------------------------------------------------------------------
+# distill train, killed
+
+
+TRAIN_KILLS = {
+    # forward and backward of step 5 done, its optimizer step not: checkpoint-4 is the latest
+    "mid-step": ("transformers.trainer:Trainer.training_step:5:after", "checkpoint-4"),
+    # checkpoint-6's optimizer.pt torn in half before trainer_state.json was written
+    "mid-checkpoint-save": ("torch:save:3:torn:optimizer.pt", "checkpoint-4"),
+    # checkpoint-6 complete but its trainer_state.json torn (the last file a checkpoint gets)
+    "torn-trainer-state": ("transformers.trainer_callback:TrainerState.save_to_json:3:torn", "checkpoint-4"),
+}
+
+
+@pytest.mark.parametrize("fault", list(TRAIN_KILLS))
+def test_killed_training_resumes_to_the_uninterrupted_result(tiny, straight, fault):
+    kill_at, resumes_from = TRAIN_KILLS[fault]
+    recipe = write_recipe(tiny, f"killed-{fault}")
+    out = tiny / f"killed-{fault}"
+    assert_killed(run_cli(["train", str(recipe)], tiny, kill_at=kill_at))
+    assert not (out / "draft").exists()
+    assert train_main([str(recipe), "--resume"]) == 0
+    info = json.loads((out / "run_info.json").read_text())
+    assert Path(info["resumed_from"]).name == resumes_from and info["global_step"] == 8
+    assert_same_run(final_state(out), straight)
+
+
+# --------------------------------------------------------------------------------------------
+# distill cache-teacher, killed
+
+
+CACHE = {"mode": "cache", "top_k": 8, "batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def cache_recipe(tiny):
+    return write_recipe(tiny, "cached", teacher={**CACHE, "cache_dir": str(tiny / "cache")})
+
+
+@pytest.fixture(scope="module")
+def straight_cache(tiny, cache_recipe):
+    """An uninterrupted cache: 48 training examples in 6 shards of 8, and the held-out 8 in one."""
+    assert teacher_main([str(cache_recipe), "--shard-size", "8", "--cache-dir", str(tiny / "cache")]) == 0
+    return tiny / "cache"
+
+
+def test_killed_cache_teacher_reruns_to_a_byte_identical_cache(tiny, cache_recipe, straight_cache):
+    where = tiny / "cache-killed"
+    args = ["cache-teacher", str(cache_recipe), "--shard-size", "8", "--cache-dir", str(where)]
+    # the third shard is torn: its temp file half written when the process dies, never renamed into place
+    assert_killed(run_cli(args, tiny, kill_at="safetensors.torch:save_file:3:torn"))
+    left = sorted(p.name for p in (where / "train").iterdir())
+    assert left[0].startswith(".shard-00002.safetensors.") and left[0].endswith(".tmp")
+    assert left[1:] == ["manifest.json", "shard-00000.safetensors", "shard-00001.safetensors"]
+    with pytest.raises(CacheMismatchError, match="incomplete.*rerun `distill cache-teacher"):
+        TeacherCache(where / "train")
+    assert teacher_main(args[1:]) == 0
+    assert tree_digest(where) == tree_digest(straight_cache) and len(tree_digest(where)) == 6 + 1 + 2
+
+    losses = []
+    for cache_dir in (straight_cache, where):
+        recipe = recipe_dict(tiny, f"on-{cache_dir.name}", teacher={**CACHE, "cache_dir": str(cache_dir)}, training={"max_steps": 2})
+        metrics = train(load_recipe(recipe))
+        losses.append((metrics["train_loss"], metrics["eval_loss"]))
+    assert losses[0] == losses[1]
+
+
+# --------------------------------------------------------------------------------------------
+# scripts/publish.py, killed
+
+
+def test_killed_publish_leaves_the_old_folder_or_the_whole_new_one(tiny, straight):
+    """--force over an earlier publish: killed mid-write, the old folder is untouched; killed after
+    the swap (before the old copy is deleted), the new folder is whole."""
+    out, reference = tiny / "site" / "draft", tiny / "reference" / "draft"
+    publish(out, run_dir=tiny / "straight")
+    old = tree_digest(out)
+    args = [str(REPO / "scripts" / "publish.py"), str(tiny / "straight"), "--out", str(out), "--force", "--pad-vocab-to-target"]
+    publish(reference, run_dir=tiny / "straight", pad_vocab_to_target=True)
+    new = tree_digest(reference)
+    assert new != old
+
+    assert_killed(run_cli(args, tiny, kill_at="transformers.modeling_utils:safe_save_file:1:torn"))
+    assert tree_digest(out) == old
+    assert_killed(run_cli(args, tiny, kill_at="shutil:rmtree:1:before"))
+    got = tree_digest(out)
+    card = (out / "README.md").read_text().replace(str(out), str(reference))
+    assert card == (reference / "README.md").read_text()
+    assert {k: v for k, v in got.items() if k != "README.md"} == {k: v for k, v in new.items() if k != "README.md"}
+
+
+# --------------------------------------------------------------------------------------------
+# corrupt and mismatched files
+
+
+@pytest.fixture
+def cache_copy(tmp_path, straight_cache):
+    where = tmp_path / "cache"
+    shutil.copytree(straight_cache, where)
+    return where
+
+
+def flip_byte(path: Path, offset_from_end: int = 16) -> None:
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_truncated_or_bit_flipped_cache_shard_is_refused_naming_it(tiny, cache_recipe, straight_cache, cache_copy):
+    shard = cache_copy / "train" / "shard-00001.safetensors"
+    os.truncate(shard, shard.stat().st_size - 100)
+    with pytest.raises(CacheMismatchError, match=r"shard-00001\.safetensors is corrupt \(\d+ bytes, the manifest recorded \d+\): delete it and rerun"):
+        TeacherCache(cache_copy / "train")
+    shard.write_bytes((straight_cache / "train" / shard.name).read_bytes())
+    flip_byte(shard)  # inside the last tensor's data: safetensors itself would read it without a word
+    with pytest.raises(CacheMismatchError, match=r"shard-00001\.safetensors is corrupt \(its sha256 differs"):
+        TeacherCache(cache_copy / "train")
+    shard.unlink()  # the fix the message gives: delete the shard and rerun, which recomputes just it
+    assert teacher_main([str(cache_recipe), "--shard-size", "8", "--cache-dir", str(cache_copy)]) == 0
+    assert tree_digest(cache_copy) == tree_digest(straight_cache)
+
+
+def test_unreadable_shard_of_a_cache_without_checksums_is_named(cache_copy):
+    manifest = cache_copy / "train" / "manifest.json"
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "shards"}))
+    shard = cache_copy / "train" / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:5])
+    cache = TeacherCache(cache_copy / "train")
+    with pytest.raises(CacheMismatchError, match=r"shard-00000\.safetensors is unreadable \(.*header.*\): delete it and rerun"):
+        cache.example(0)
+
+
+@pytest.mark.parametrize("field", ["dataset", "tokenizer_fingerprint", "target"])
+def test_cache_of_another_dataset_tokenizer_or_target_is_refused(tiny, cache_copy, field):
+    recipe = recipe_dict(tiny, "mismatch", teacher={**CACHE, "cache_dir": str(cache_copy)})
+    if field == "dataset":
+        recipe["data"]["dataset"] = str(tiny / "eval.jsonl")
+        field = "dataset_fingerprint"
+    else:
+        manifest = cache_copy / "train" / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), field: "something-else"}))
+    with pytest.raises(CacheMismatchError, match=rf"teacher cache {cache_copy / 'train'} does not match this run \({field}: .*Rebuild it with `distill cache-teacher"):
+        build_trainer(load_recipe(recipe))
+
+
+def test_checkpoint_without_its_optimizer_state_is_refused(tiny, straight, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(tiny / "straight", out)
+    (out / "checkpoint-8" / "optimizer.pt").unlink()
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text(yaml.safe_dump({**recipe_dict(tiny, "straight"), "output_dir": str(out)}))
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-8 lacks optimizer\.pt.*restore the files, or delete checkpoint-8 to resume from checkpoint-6"):
+        train_main([str(recipe), "--resume"])
+
+
+@pytest.mark.parametrize("key", ["target.name_or_path", "draft.name_or_path", "data.dataset", "data.eval_split"])
+def test_recipe_pointing_at_a_missing_file_names_the_key(tiny, key):
+    recipe = recipe_dict(tiny, "missing")
+    section, name = key.split(".")
+    if key == "draft.name_or_path":
+        recipe["draft"] = {"name_or_path": str(tiny / "no-such-draft")}
+    else:
+        recipe[section][name] = str(tiny / ("no-such.jsonl" if section == "data" else "no-such-target"))
+    with pytest.raises(RecipeError, match=rf"{key}: .*no-such.* does not exist .*fix the path"):
+        build_trainer(load_recipe(recipe))
+
+
+def test_dataset_rows_without_the_adapters_fields_are_refused(tiny):
+    wrong = tiny / "gsm8k-like.jsonl"
+    wrong.write_text(json.dumps({"question": "1 + 1 ?", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"adapter 'prompt_response' needs columns \['prompt'\].*set data.adapter"):
+        load_examples(str(wrong), "prompt_response")
+    holes = tiny / "holes.jsonl"
+    holes.write_text("".join(json.dumps(r) + "\n" for r in [{"prompt": "a", "response": "b"}, {"response": "c"}, {"prompt": None, "response": "d"}]))
+    with pytest.raises(ValueError, match=r"2 rows of .*holes.jsonl have no 'prompt' .*the first is row 2: fill those rows in or drop them"):
+        load_examples(str(holes), "prompt_response")
+
+
+def test_empty_dataset_is_refused(tiny):
+    empty = tiny / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty.jsonl is empty: there is nothing to train"):
+        load_examples(str(empty), "prompt_response")
+    no_rows = tiny / "no-rows.parquet"
+    Dataset.from_dict({"prompt": [], "response": []}).to_parquet(no_rows)
+    with pytest.raises(ValueError, match=r"no-rows.parquet has no rows: there is nothing to train"):
+        load_examples(str(no_rows), "prompt_response")
+
+
+def test_max_length_past_the_models_context_is_refused_and_long_prompts_keep_their_end(tiny, tokenizer):
+    recipe = recipe_dict(tiny, "long", data={"max_length": 200, "max_prompt_length": 150})
+    with pytest.raises(ValueError, match=r"data.max_length 200 exceeds the draft's context of 128 positions: set data.max_length .* at most 128"):
+        build_trainer(load_recipe(recipe))
+    messages = [{"role": "user", "content": " ".join(["the red fox"] * 40)}]
+    row = tokenize_example(tokenizer, messages, "the fox .", max_prompt_length=16, max_length=24)
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert len(full) > 16 and row["input_ids"][:16] == list(full[-16:])  # the prompt's end, which the response follows
+    assert row["labels"][16:] == row["input_ids"][16:] and len(row["input_ids"]) <= 24
+
+
+# --------------------------------------------------------------------------------------------
+# security defaults
+
+
+def test_remote_code_in_a_model_folder_is_never_run(tiny, tmp_path):
+    """A target folder that ships custom code (auto_map) loads the library's own Qwen2 class, and
+    one whose model type only its code knows is refused; the code never runs either way."""
+    marker = tmp_path / "ran"
+    for name, model_type in (("known-type", "qwen2"), ("unknown-type", "evil_qwen")):
+        folder = tmp_path / name
+        shutil.copytree(tiny / "target", folder)
+        (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+        config = json.loads((folder / "config.json").read_text())
+        auto = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model", "AutoTokenizer": ["evil.Tokenizer", None]}
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type, "auto_map": auto}))
+        recipe = load_recipe(recipe_dict(tiny, f"remote-{name}", target={"name_or_path": str(folder)}, data={"eval_split": None}))
+        if model_type == "qwen2":
+            assert type(build_trainer(recipe).teacher).__module__.startswith("transformers.")
+        else:
+            with pytest.raises(ValueError, match="trust_remote_code"):
+                build_trainer(recipe)
+    assert not marker.exists()
+
+
+def test_weights_are_safetensors_and_pickles_load_weights_only(tiny, straight):
+    for folder in (tiny / "straight" / "draft", tiny / "straight" / "checkpoint-8"):
+        names = {p.name for p in folder.iterdir()}
+        assert "model.safetensors" in names and not names & {"pytorch_model.bin", "model.bin"}
+    sources = [p for p in (REPO / "distill").rglob("*.py")] + list((REPO / "scripts").glob("*.py")) + list((REPO / "eval").rglob("*.py"))
+    loads = [(p.name, line) for p in sources for line in p.read_text().splitlines() if "torch.load(" in line]
+    assert all("weights_only=True" in line for _, line in loads), loads
+
+
+def test_recipes_are_read_with_a_safe_yaml_loader(tmp_path):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(f"seed: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(evil)
+    assert not marker.exists()
+    sources = "\n".join(p.read_text() for p in [*(REPO / "distill").rglob("*.py"), *(REPO / "scripts").glob("*.py")])
+    assert "yaml.unsafe_load" not in sources and "yaml.Loader" not in sources and "yaml.FullLoader" not in sources
+    assert all(call.startswith(("yaml.load(text, Loader=_Loader)", "yaml.load(f, Loader=_Loader)")) for call in ("yaml.load(" + c for c in sources.split("yaml.load(")[1:]))
+
+
+SECRET = "hf_fault_test_secret_0123456789"
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """Record every HfApi call that would send something to the Hub, instead of making it."""
+    calls = []
+    for method in ("create_repo", "upload_folder", "upload_file", "create_commit"):
+        monkeypatch.setattr(HfApi, method, lambda self, *a, _m=method, **kw: calls.append((_m, kw.get("repo_id"))) or "https://huggingface.co/me/x")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    return calls
+
+
+def test_nothing_is_uploaded_without_push_to_hub_and_the_token_is_never_written(tiny, straight, tmp_path, hub_calls, capfd, caplog):
+    caplog.set_level(logging.DEBUG)
+    recipe = tmp_path / "token.yaml"
+    recipe.write_text(yaml.safe_dump(recipe_dict(tmp_path, "run", target={"name_or_path": str(tiny / "target")},
+                                                 data={"dataset": str(tiny / "train.jsonl"), "eval_split": None}, training={"max_steps": 1})))
+    assert train_main([str(recipe)]) == 0
+    assert publish_main([str(tmp_path / "run"), "--out", str(tmp_path / "local")]) == 0
+    assert hub_calls == []
+    assert publish_main([str(tmp_path / "run"), "--out", str(tmp_path / "pushed"), "--push-to-hub", "me/tiny-draft"]) == 0
+    assert [c[0] for c in hub_calls] == ["create_repo", "upload_folder"]
+    written = [p for folder in ("run", "local", "pushed") for p in (tmp_path / folder).rglob("*") if p.is_file()]
+    assert (tmp_path / "pushed" / "README.md") in written
+    leaked = [str(p) for p in written if SECRET.encode() in p.read_bytes()]
+    out, err = capfd.readouterr()
+    assert leaked == [] and SECRET not in out + err + caplog.text
