@@ -38,6 +38,7 @@ class _Side:
         param = next(model.parameters())
         self.model, self.rows, self.context = model, rows, context
         self.valid = torch.ones(batch, capacity, dtype=torch.bool, device=param.device)
+        self.columns = torch.arange(capacity, device=param.device)  # slot indices, for the masks
         self.size = 0  # host-side copy of `length`, kept by the loop (a graph's replay moves only `length`)
 
     def _inputs(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +48,7 @@ class _Side:
 
     def reject(self, kept: torch.Tensor, k: int) -> None:
         """After a round that wrote k+1 slots, hide those past each row's first kept[b] + 1."""
-        columns = torch.arange(self.valid.shape[1], device=self.valid.device)[None]
+        columns = self.columns[None]
         self.valid &= ~((columns >= self.length - k + kept[:, None]) & (columns < self.length))
 
     def shrink(self, drop: torch.Tensor) -> None:
@@ -88,6 +89,7 @@ class DynamicSide(_Side):
         end = self.length + ids.shape[1]
         if end > self.valid.shape[1]:
             self.valid = torch.cat([self.valid, torch.ones_like(self.valid)], 1)
+            self.columns = torch.arange(self.valid.shape[1], device=self.valid.device)
         ids, positions = self._inputs(ids, positions)
         mask = self.valid[:, :end].long() if self.holes else None
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
@@ -127,7 +129,6 @@ class StaticSide(_Side):
         self.cache = SlotCache(config=cfg, max_cache_len=capacity)
         self.cache.early_initialization(batch, cfg.num_key_value_heads, head_dim, param.dtype, param.device)
         self.length = torch.zeros((), dtype=torch.long, device=param.device)
-        self.columns = torch.arange(capacity, device=param.device)
         self.masked = torch.finfo(param.dtype).min
 
     @property

@@ -176,9 +176,9 @@ class SpecLoop:
                                                            device=self.device))
         clock = Clock(self.device)
         if k:
-            self.runner.run(("draft", k, self.sampling), lambda: self._draft_fn(k), self._state())
+            self.runner.run(("draft", k, self.sampling), lambda: self._draft_fn(k), self._state)
         clock.mark()
-        self.runner.run(("verify", k, self.sampling), lambda: self._verify(k), self._state())
+        self.runner.run(("verify", k, self.sampling), lambda: self._verify(k), self._state)
         clock.mark()
         result = self.result[:, : k + 4].tolist()
         return result, clock.seconds(0, 1), clock.seconds(1, 2)

@@ -60,7 +60,7 @@ class Graphs:
 
     A step function reads and writes only tensors that outlive it and returns nothing, so graphs
     can share one memory pool. Warm-up runs once outside the capture (cuBLAS and allocator
-    initialisation); `state` lists the tensors it mutates, restored after warm-up."""
+    initialisation); `state()` lists the tensors it mutates, restored after warm-up (called only to capture)."""
 
     def __init__(self, device: torch.device, enabled: bool):
         self.device, self.enabled = device, enabled
@@ -68,14 +68,14 @@ class Graphs:
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
         self.keys: set = set()  # every step run, graphed or not
 
-    def run(self, key, step: Callable[[], None], state: list[torch.Tensor]) -> None:
+    def run(self, key, step: Callable[[], None], state: Callable[[], list[torch.Tensor]]) -> None:
         self.keys.add(key)
         if not self.enabled:
             step()
             return
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(step, state)
+            graph = self.graphs[key] = self._capture(step, state())
         graph.replay()
 
     def _capture(self, step: Callable[[], None], state: list[torch.Tensor]) -> torch.cuda.CUDAGraph:
@@ -157,7 +157,7 @@ def measure_costs_static(target: PreTrainedModel, draft: PreTrainedModel, ks: It
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            runner.run(name, fn, state)
+            runner.run(name, fn, lambda: state)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if r >= warmup:
