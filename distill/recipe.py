@@ -51,11 +51,13 @@ _UNIT = _check(lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
 
 @dataclass(kw_only=True)
 class ModelSpec:
-    """A Hugging Face model to load with `from_pretrained`."""
+    """A Hugging Face model to load with `from_pretrained`. `trust_remote_code` runs Python shipped
+    in the model's folder or Hub repo (its `auto_map`): off unless the recipe turns it on."""
 
     name_or_path: str
     revision: str | None = None
     dtype: Dtype = "auto"
+    trust_remote_code: bool = False
 
 
 @dataclass(kw_only=True)

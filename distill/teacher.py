@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,9 +64,11 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def load_target(name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None) -> PreTrainedModel:
+def load_target(name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None,
+                trust_remote_code: bool = False) -> PreTrainedModel:
     """The target model, frozen, from a local directory or the Hub (`revision` pins a commit)."""
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=resolve_dtype(dtype, device))
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=resolve_dtype(dtype, device),
+                                                 trust_remote_code=trust_remote_code)
     if device is not None:
         model.to(device)
     return freeze(model)
@@ -418,10 +421,10 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         raise ValueError("the recipe has no teacher.cache_dir: set it (or pass --cache-dir) to say where the cache goes")
     state = PartialState()
     spec = recipe.target
-    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
+    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device)
+    model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device, trust_remote_code=spec.trust_remote_code)
     check_context(recipe.data, model, "target")
     provenance = {
         "recipe": recipe.to_dict(),
@@ -463,8 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=256, help="examples per shard (the unit of resumption)")
     add_set_argument(parser)
     args = parser.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    written = cache_teacher(recipe, args.recipe, cache_dir=args.cache_dir, dtype=args.dtype, shard_size=args.shard_size)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        written = cache_teacher(recipe, args.recipe, cache_dir=args.cache_dir, dtype=args.dtype, shard_size=args.shard_size)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"distill cache-teacher: error: {err}", file=sys.stderr)
+        return 2
     for name, where in written.items():
         print(f"{name}: {where}")
     return 0

@@ -18,6 +18,7 @@ import platform
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -331,7 +332,8 @@ def build_draft(spec: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Pre
         model = Qwen2ForCausalLM(qwen)
     else:
         dtype = torch.float32 if spec.dtype == "auto" else resolve_dtype(spec.dtype)
-        model = AutoModelForCausalLM.from_pretrained(spec.name_or_path, revision=spec.revision, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(spec.name_or_path, revision=spec.revision, dtype=dtype,
+                                                     trust_remote_code=spec.trust_remote_code)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -405,12 +407,13 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     # TrainingArguments first: under ZeRO-3 it switches on partitioned loading (zero3_init_flag).
     args = training_arguments(recipe, recipe.data.eval_split is not None)
     spec = recipe.target
-    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision)
+    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if recipe.draft.config is None:
         try:
-            draft_tokenizer = AutoTokenizer.from_pretrained(recipe.draft.name_or_path, revision=recipe.draft.revision)
+            draft_tokenizer = AutoTokenizer.from_pretrained(recipe.draft.name_or_path, revision=recipe.draft.revision,
+                                                            trust_remote_code=recipe.draft.trust_remote_code)
         except (OSError, ValueError):
             logger.warning("draft %s ships no tokenizer: assuming it uses the target's", recipe.draft.name_or_path)
         else:
@@ -419,7 +422,7 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     mode = recipe.teacher.mode
     if mode not in ("online", "cache"):
         raise ValueError(f"teacher.mode {mode!r} unknown: use online or cache")
-    teacher = load_target(spec.name_or_path, spec.revision, spec.dtype) if mode == "online" else None
+    teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, trust_remote_code=spec.trust_remote_code) if mode == "online" else None
 
     model = build_draft(recipe.draft, tokenizer, recipe.seed)
     vocab_size = len(tokenizer)
@@ -609,7 +612,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint-N in output_dir")
     add_set_argument(parser)
     args = parser.parse_args(argv)
-    metrics = train(load_recipe(args.recipe, args.overrides), resume=args.resume, recipe_path=args.recipe)
+    try:
+        metrics = train(load_recipe(args.recipe, args.overrides), resume=args.resume, recipe_path=args.recipe)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"distill train: error: {err}", file=sys.stderr)
+        return 2
     shown = {k: v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "eval_expected_acceptance", "eval_top1_agreement")}
     print(json.dumps(shown, indent=2))
     return 0

@@ -186,7 +186,7 @@ TRAIN_KILLS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(TRAIN_KILLS))
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=[] if f == "mid-checkpoint-save" else [pytest.mark.slow]) for f in TRAIN_KILLS])
 def test_killed_training_resumes_to_the_uninterrupted_result(tiny, straight, fault):
     kill_at, resumes_from = TRAIN_KILLS[fault]
     recipe = write_recipe(tiny, f"killed-{fault}")
@@ -243,6 +243,7 @@ def test_killed_cache_teacher_reruns_to_a_byte_identical_cache(tiny, cache_recip
 # scripts/publish.py, killed
 
 
+@pytest.mark.slow
 def test_killed_publish_leaves_the_old_folder_or_the_whole_new_one(tiny, straight):
     """--force over an earlier publish: killed mid-write, the old folder is untouched; killed after
     the swap (before the old copy is deleted), the new folder is whole."""
@@ -324,7 +325,20 @@ def test_checkpoint_without_its_optimizer_state_is_refused(tiny, straight, tmp_p
     recipe = tmp_path / "run.yaml"
     recipe.write_text(yaml.safe_dump({**recipe_dict(tiny, "straight"), "output_dir": str(out)}))
     with pytest.raises(FileNotFoundError, match=r"checkpoint-8 lacks optimizer\.pt.*restore the files, or delete checkpoint-8 to resume from checkpoint-6"):
-        train_main([str(recipe), "--resume"])
+        train(load_recipe(recipe), resume=True)
+
+
+@pytest.mark.parametrize("verb", ["train", "cache-teacher"])
+def test_bad_input_ends_the_command_with_its_message_and_no_traceback(tiny, tmp_path, verb, capsys):
+    """The CLI prints the clear message alone (exit 2), not a traceback that buries it."""
+    recipe = tmp_path / "missing.yaml"
+    recipe.write_text(yaml.safe_dump({**recipe_dict(tiny, "missing", target={"name_or_path": str(tiny / "no-such-target")}),
+                                      "teacher": {"mode": "cache", "cache_dir": str(tmp_path / "cache")}}))
+    main = train_main if verb == "train" else teacher_main
+    assert main([str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and err.startswith(f"distill {verb}: error: invalid recipe:"), err
+    assert err.splitlines()[1:] == [f"  target.name_or_path: {tiny / 'no-such-target'} does not exist (relative paths are read from {Path.cwd()}); fix the path or create it first"]
 
 
 @pytest.mark.parametrize("key", ["target.name_or_path", "draft.name_or_path", "data.dataset", "data.eval_split"])
@@ -394,6 +408,39 @@ def test_remote_code_in_a_model_folder_is_never_run(tiny, tmp_path):
             with pytest.raises(ValueError, match="trust_remote_code"):
                 build_trainer(recipe)
     assert not marker.exists()
+
+
+REMOTE_CODE = """
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+open({marker!r}, "w").write("ran")
+
+
+class Config(Qwen2Config):
+    model_type = "custom_qwen"
+
+
+class Model(Qwen2ForCausalLM):
+    config_class = Config
+"""
+
+
+def test_remote_code_runs_only_when_the_recipe_sets_trust_remote_code(tiny, tmp_path):
+    """`target.trust_remote_code: true` loads the folder's own classes (its `auto_map`); the same
+    folder without the key is refused and its code never runs."""
+    marker = tmp_path / "ran"
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny / "target", folder)
+    (folder / "custom.py").write_text(REMOTE_CODE.format(marker=str(marker)))
+    config = json.loads((folder / "config.json").read_text())
+    auto = {"AutoConfig": "custom.Config", "AutoModelForCausalLM": "custom.Model"}
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "custom_qwen", "auto_map": auto}))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        build_trainer(load_recipe(recipe_dict(tiny, "custom-off", target={"name_or_path": str(folder)}, data={"eval_split": None})))
+    assert not marker.exists()
+    recipe = load_recipe(recipe_dict(tiny, "custom-on", target={"name_or_path": str(folder), "trust_remote_code": True}, data={"eval_split": None}))
+    teacher = build_trainer(recipe).teacher
+    assert marker.exists() and type(teacher).__name__ == "Model" and not type(teacher).__module__.startswith("transformers.")
 
 
 def test_weights_are_safetensors_and_pickles_load_weights_only(tiny, straight):

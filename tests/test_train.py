@@ -203,7 +203,7 @@ def test_recipe_run_writes_the_output_layout(tiny_dir):
     fresh = tiny_dir / "fresh.yaml"
     fresh.write_text(yaml.safe_dump(recipe_dict(tiny_dir, "fresh")))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        main([str(fresh), "--resume"])
+        train(load_recipe(fresh), resume=True)
 
 
 def test_cache_mode_trains_and_reports_acceptance(tiny_dir):
