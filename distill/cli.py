@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": ("distill.speedup", "measure c and v(k), predict speedup, pick the best k"),
     "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint"),
     "rehearse": ("distill.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer"),
+    "memory": ("distill.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)"),
     "prepare-tiny": ("distill.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on"),
 }
 
