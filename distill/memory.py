@@ -28,11 +28,16 @@ def activation_values(hidden: int, intermediate: int) -> int:
     return 6 * hidden + 4 * intermediate
 
 
+def _attention_widths(cfg: dict[str, Any]) -> tuple[int, int]:
+    """Output widths of the query and of each key/value projection."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+
+
 def parameter_count(cfg: dict[str, Any]) -> int:
     """Exact parameter count of a Qwen2 causal LM from its config (q/k/v biases, untied or tied head)."""
     h, i, layers, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    q, kv = _attention_widths(cfg)
     layer = (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
     return v * h * (1 if cfg.get("tie_word_embeddings") else 2) + layers * layer + h
 
@@ -40,8 +45,7 @@ def parameter_count(cfg: dict[str, Any]) -> int:
 def lora_parameter_count(cfg: dict[str, Any], r: int, modules: Sequence[str]) -> int:
     """Trainable parameters of LoRA rank `r` on `modules` of every decoder layer: r * (in + out) each."""
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    q, kv = _attention_widths(cfg)
     shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
               "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
     return cfg["num_hidden_layers"] * sum(r * sum(shapes[m]) for m in modules)

@@ -74,6 +74,14 @@ def load_target(name_or_path: str, revision: str | None = None, dtype: str = "au
     return freeze(model)
 
 
+def load_target_tokenizer(spec: Any) -> PreTrainedTokenizerBase:
+    """The target's tokenizer from a recipe's target spec, padding with eos when it defines no pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def prepare_teacher(model: PreTrainedModel, accelerator: Any) -> torch.nn.Module:
     """Place the frozen teacher for training as TRL's GKD/Distillation trainers do: sharded by
     DeepSpeed ZeRO-3 inference when the run uses ZeRO-3 (replicated under ZeRO-1/2), else
@@ -421,9 +429,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         raise ValueError("the recipe has no teacher.cache_dir: set it (or pass --cache-dir) to say where the cache goes")
     state = PartialState()
     spec = recipe.target
-    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_target_tokenizer(spec)
     model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device, trust_remote_code=spec.trust_remote_code)
     check_context(recipe.data, model, "target")
     provenance = {

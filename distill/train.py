@@ -49,6 +49,7 @@ from distill.teacher import (
     cache_dirs,
     cache_identity,
     load_target,
+    load_target_tokenizer,
     prepare_teacher,
     resolve_dtype,
     response_mask,
@@ -407,9 +408,7 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     # TrainingArguments first: under ZeRO-3 it switches on partitioned loading (zero3_init_flag).
     args = training_arguments(recipe, recipe.data.eval_split is not None)
     spec = recipe.target
-    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_target_tokenizer(spec)
     if recipe.draft.config is None:
         try:
             draft_tokenizer = AutoTokenizer.from_pretrained(recipe.draft.name_or_path, revision=recipe.draft.revision,

@@ -390,17 +390,22 @@ def test_max_length_past_the_models_context_is_refused_and_long_prompts_keep_the
 # security defaults
 
 
+def _folder_with_code(tiny: Path, folder: Path, code: str, model_type: str, auto: dict) -> Path:
+    """A copy of the tiny target whose config names `model_type` and maps Auto classes to code.py."""
+    shutil.copytree(tiny / "target", folder)
+    (folder / "code.py").write_text(code)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type, "auto_map": auto}))
+    return folder
+
+
 def test_remote_code_in_a_model_folder_is_never_run(tiny, tmp_path):
     """A target folder that ships custom code (auto_map) loads the library's own Qwen2 class, and
     one whose model type only its code knows is refused; the code never runs either way."""
     marker = tmp_path / "ran"
+    auto = {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model", "AutoTokenizer": ["code.Tokenizer", None]}
     for name, model_type in (("known-type", "qwen2"), ("unknown-type", "evil_qwen")):
-        folder = tmp_path / name
-        shutil.copytree(tiny / "target", folder)
-        (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-        config = json.loads((folder / "config.json").read_text())
-        auto = {"AutoConfig": "evil.Config", "AutoModelForCausalLM": "evil.Model", "AutoTokenizer": ["evil.Tokenizer", None]}
-        (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type, "auto_map": auto}))
+        folder = _folder_with_code(tiny, tmp_path / name, f"open({str(marker)!r}, 'w').write('ran')\n", model_type, auto)
         recipe = load_recipe(recipe_dict(tiny, f"remote-{name}", target={"name_or_path": str(folder)}, data={"eval_split": None}))
         if model_type == "qwen2":
             assert type(build_trainer(recipe).teacher).__module__.startswith("transformers.")
@@ -429,12 +434,8 @@ def test_remote_code_runs_only_when_the_recipe_sets_trust_remote_code(tiny, tmp_
     """`target.trust_remote_code: true` loads the folder's own classes (its `auto_map`); the same
     folder without the key is refused and its code never runs."""
     marker = tmp_path / "ran"
-    folder = tmp_path / "custom"
-    shutil.copytree(tiny / "target", folder)
-    (folder / "custom.py").write_text(REMOTE_CODE.format(marker=str(marker)))
-    config = json.loads((folder / "config.json").read_text())
-    auto = {"AutoConfig": "custom.Config", "AutoModelForCausalLM": "custom.Model"}
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "custom_qwen", "auto_map": auto}))
+    folder = _folder_with_code(tiny, tmp_path / "custom", REMOTE_CODE.format(marker=str(marker)), "custom_qwen",
+                               {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model"})
     with pytest.raises(ValueError, match="trust_remote_code"):
         build_trainer(load_recipe(recipe_dict(tiny, "custom-off", target={"name_or_path": str(folder)}, data={"eval_split": None})))
     assert not marker.exists()

@@ -4,13 +4,15 @@ the CPU check measures the per-token terms close to their estimates."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from distill.memory import estimate, lora_parameter_count, main, measure, parameter_count
+from distill.memory import estimate, lora_parameter_count, main, parameter_count
 from distill.recipe import load_recipe
 from distill.rehearse import standin_config
 
@@ -50,7 +52,11 @@ def test_cpu_check_measures_the_per_token_terms_near_their_estimates():
         pytest.skip("needs Linux /proc")
     small = {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
              "vocab_size": 32_000, "max_position_embeddings": 2048}
-    rows = measure({"untied": {**small, "tie_word_embeddings": False}, "tied": {**small, "tie_word_embeddings": True}})
+    configs = {"untied": {**small, "tie_word_embeddings": False}, "tied": {**small, "tie_word_embeddings": True}}
+    # a fresh process, as `distill memory --check` runs: in a long-lived one, freed pages are reused and RSS does not grow
+    code = f"import json; from distill.memory import measure; print(json.dumps(measure({configs!r})))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
     ratios = {r["term"].split(",")[0].split(" (")[0]: r["measured"] / r["estimated"] for r in rows}
     assert 0.6 < ratios["activations"] < 1.2 and 0.9 < ratios["teacher logits"] < 1.1
     assert 0.6 < ratios["fused loss"] < 1.3, ratios
