@@ -319,6 +319,43 @@ def _generation_kwargs(tokenizer, model, max_new_tokens: int, do_sample: bool, t
     return kwargs
 
 
+def _generation_settings(max_new_tokens: int, max_prompt_length: int | None, do_sample: bool = False,
+                         temperature: float = 1.0, seed: int = 0) -> dict:
+    """What a generation cache's manifest pins besides model and tokenizer."""
+    return {
+        "max_new_tokens": max_new_tokens,
+        "max_prompt_length": max_prompt_length,
+        "do_sample": do_sample,
+        "temperature": temperature if do_sample else None,
+        "seed": seed if do_sample else None,
+    }
+
+
+def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> list[dict]:
+    """The target's responses read from a finished `data.generation_cache`, without the target:
+    training from a teacher cache (teacher.mode: cache) after `distill cache-teacher` wrote both.
+    A cache made with another tokenizer or settings, or missing a prompt, is refused."""
+    cache_path = Path(spec.generation_cache)
+    manifest_path = Path(f"{cache_path}.manifest.json")
+    rerun = "run `distill cache-teacher RECIPE` first (it generates the responses, then caches the teacher), or set teacher.mode: online"
+    if not cache_path.is_file() or not manifest_path.is_file():
+        raise ValueError(f"data.response_source is 'target' and the target is not loaded (teacher.mode: cache), "
+                         f"but the generation cache {cache_path} is not finished: {rerun}")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    want = {"tokenizer": tokenizer_fingerprint(tokenizer),
+            "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest(),
+            "generation": _generation_settings(spec.generation_max_new_tokens, spec.max_prompt_length)}
+    diffs = [f"{k}: cached {manifest.get(k)!r}, now {v!r}" for k, v in want.items() if manifest.get(k) != v]
+    if diffs:
+        raise ValueError(f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}): "
+                         f"delete it (and its .manifest.json) and {rerun}")
+    records = _read_records(cache_path)
+    missing = sum(_key(ex["messages"]) not in records for ex in examples)
+    if missing:
+        raise ValueError(f"generation cache {cache_path} lacks {missing} of {len(examples)} prompts of this recipe's data: {rerun}")
+    return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+
+
 def generate_responses(
     model,
     tokenizer,
@@ -341,13 +378,7 @@ def generate_responses(
         raise ValueError("the tokenizer has no pad_token, needed to batch prompts; set tokenizer.pad_token")
     cache_path = Path(cache_path)
     partial = Path(f"{cache_path}.partial")
-    settings = {
-        "max_new_tokens": max_new_tokens,
-        "max_prompt_length": max_prompt_length,
-        "do_sample": do_sample,
-        "temperature": temperature if do_sample else None,
-        "seed": seed if do_sample else None,
-    }
+    settings = _generation_settings(max_new_tokens, max_prompt_length, do_sample, temperature, seed)
     _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
     records = _read_records(cache_path) | _read_records(partial)
     todo = {}
@@ -395,10 +426,10 @@ def generate_responses(
 
 def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target) -> list[dict]:
     if spec.response_source == "target":
-        if target is None:
-            raise ValueError("data.response_source is 'target': pass the target model to generate the responses")
         if not spec.generation_cache:
             raise ValueError("data.response_source is 'target': set data.generation_cache to a .jsonl path")
+        if target is None:
+            return cached_responses(examples, spec, tokenizer)
         return generate_responses(
             target,
             tokenizer,

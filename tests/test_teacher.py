@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import yaml
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset
 from distill.recipe import load_recipe
@@ -177,3 +177,34 @@ def test_cached_sparse_loss_equals_online_sparse_loss(tiny_dir, saved_tokenizer,
         loss_cached = t_cached.compute_loss(t_cached.model, batch_cached)
     assert loss_online.item() > 0
     torch.testing.assert_close(loss_cached, loss_online, atol=tol, rtol=tol)
+
+
+def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_tokenizer, tmp_path):
+    """The full recipe's two steps: `distill cache-teacher` generates the target's responses and caches
+    its top-k; training (teacher.mode: cache) then reads both without loading the target."""
+    from distill.train import build_trainer
+
+    tokenizer = saved_tokenizer
+    gens = tmp_path / "generations.jsonl"
+    d = recipe_dict(tiny_dir, tokenizer, teacher={"cache_dir": str(tmp_path / "cache")},
+                    data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 6})
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ValueError, match=r"not finished: run `distill cache-teacher RECIPE` first"):
+        build_trainer(load_recipe(d))
+
+    assert main([str(recipe_path)]) == 0
+    records = [json.loads(line) for line in gens.read_text().splitlines()]
+    assert len(records) == len({r["key"] for r in records}) == 15  # 10 train + 6 eval prompts, one repeated
+    trainer = build_trainer(load_recipe(d))
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_dir / "target").eval()
+    online = build_train_dataset(load_recipe(d).data, tokenizer, target=loaded)  # the same cache, read with the target loaded
+    assert trainer.train_dataset["input_ids"] == online["input_ids"] and trainer.train_dataset["labels"] == online["labels"]
+    assert trainer.train().training_loss > 0
+
+    longer = {**d, "data": {**d["data"], "generation_max_new_tokens": 7}}
+    with pytest.raises(ValueError, match=r"made with other settings .*max_new_tokens.*distill cache-teacher"):
+        build_trainer(load_recipe(longer))
+    gens.write_text("".join(json.dumps(r) + "\n" for r in records[1:]))  # one prompt's generation lost
+    with pytest.raises(ValueError, match=r"lacks 1 of (10|6) prompts"):
+        build_trainer(load_recipe(d))
