@@ -290,7 +290,7 @@ def _manifest(model, tokenizer, settings: dict) -> dict:
 def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
     """Refuse to extend a cache made by another model, tokenizer or generation setting."""
     if not path.exists():
-        if cache_path.exists() or Path(f"{cache_path}.partial").exists():
+        if cache_path.exists() or _partials(cache_path):
             raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache or choose another path")
         _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
         return
@@ -339,7 +339,7 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
     manifest_path = Path(f"{cache_path}.manifest.json")
     rerun = "run `distill cache-teacher RECIPE` first (it generates the responses, then caches the teacher), or set teacher.mode: online"
     if not cache_path.is_file() or not manifest_path.is_file():
-        raise ValueError(f"data.response_source is 'target' and the target is not loaded (teacher.mode: cache), "
+        raise ValueError(f"data.response_source is 'target' and the target is not loaded to generate (teacher.mode: cache, or ZeRO-3 partitions it), "
                          f"but the generation cache {cache_path} is not finished: {rerun}")
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     want = {"tokenizer": tokenizer_fingerprint(tokenizer),
@@ -354,6 +354,48 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
     if missing:
         raise ValueError(f"generation cache {cache_path} lacks {missing} of {len(examples)} prompts of this recipe's data: {rerun}")
     return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+
+
+def _partials(cache_path: Path) -> list[Path]:
+    """The append-only files generation writes before the cache: one, or one per process."""
+    return [p for p in (Path(f"{cache_path}.partial"), *sorted(cache_path.parent.glob(f"{cache_path.name}.partial.*"))) if p.exists()]
+
+
+def _answer(model, tokenizer, todo: dict[str, Messages], partial: Path, records: dict[str, dict], max_new_tokens: int,
+            batch_size: int, max_prompt_length: int | None, do_sample: bool, temperature: float, seed: int, desc: str) -> None:
+    """Generate the target's answer to every prompt in `todo`, appending each finished batch to `partial` (fsynced) and `records`."""
+    ids = {key: _prompt_ids(tokenizer, messages) for key, messages in todo.items()}
+    if max_prompt_length is not None:
+        ids = {key: prompt[-max_prompt_length:] for key, prompt in ids.items()}
+    order = sorted(todo, key=lambda k: len(ids[k]), reverse=True)  # similar lengths share a batch
+    kwargs = _generation_kwargs(tokenizer, model, max_new_tokens, do_sample, temperature)
+    model.eval()
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    _drop_torn_tail(partial)
+    with open(partial, "a", encoding="utf-8") as out, tqdm(total=len(order), desc=desc, unit="prompt") as bar:
+        for start in range(0, len(order), batch_size):
+            keys = order[start : start + batch_size]
+            width = max(len(ids[k]) for k in keys)
+            input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids[k])) + ids[k] for k in keys])
+            attention_mask = torch.tensor([[0] * (width - len(ids[k])) + [1] * len(ids[k]) for k in keys])
+            if do_sample:
+                torch.manual_seed(seed + start)
+            with torch.inference_mode():
+                sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), **kwargs)
+            texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
+            for key, text in zip(keys, texts):
+                records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}]}
+                out.write(json.dumps(records[key], ensure_ascii=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+            bar.update(len(keys))
+
+
+def _read_all(cache_path: Path) -> dict[str, dict]:
+    records = _read_records(cache_path)
+    for partial in _partials(cache_path):
+        records |= _read_records(partial)
+    return records
 
 
 def generate_responses(
@@ -373,52 +415,50 @@ def generate_responses(
     Finished batches are appended to `<cache_path>.partial`, so a rerun skips what is done; the
     complete JSONL (one chat `messages` line per prompt, the generation as the last turn, readable
     by the `messages` adapter) is written atomically, and `<cache_path>.manifest.json` pins model,
-    tokenizer and settings. In a distributed run call it on the main process first."""
+    tokenizer and settings. The per-process partials of `generate_share` are merged in. In a
+    distributed run call it on the main process first."""
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad_token, needed to batch prompts; set tokenizer.pad_token")
     cache_path = Path(cache_path)
-    partial = Path(f"{cache_path}.partial")
     settings = _generation_settings(max_new_tokens, max_prompt_length, do_sample, temperature, seed)
     _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
-    records = _read_records(cache_path) | _read_records(partial)
-    todo = {}
-    for ex in examples:
-        key = _key(ex["messages"])
-        if key not in records:
-            todo[key] = ex["messages"]
+    records = _read_all(cache_path)
+    todo = {_key(ex["messages"]): ex["messages"] for ex in examples if _key(ex["messages"]) not in records}
     if todo:
-        ids = {key: _prompt_ids(tokenizer, messages) for key, messages in todo.items()}
-        if max_prompt_length is not None:
-            ids = {key: prompt[-max_prompt_length:] for key, prompt in ids.items()}
-        order = sorted(todo, key=lambda k: len(ids[k]), reverse=True)  # similar lengths share a batch
-        kwargs = _generation_kwargs(tokenizer, model, max_new_tokens, do_sample, temperature)
-        model.eval()
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(partial)
-        with open(partial, "a", encoding="utf-8") as out, tqdm(total=len(order), desc="seq-KD generation", unit="prompt") as bar:
-            for start in range(0, len(order), batch_size):
-                keys = order[start : start + batch_size]
-                width = max(len(ids[k]) for k in keys)
-                input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids[k])) + ids[k] for k in keys])
-                attention_mask = torch.tensor([[0] * (width - len(ids[k])) + [1] * len(ids[k]) for k in keys])
-                if do_sample:
-                    torch.manual_seed(seed + start)
-                with torch.inference_mode():
-                    sequences = model.generate(
-                        input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), **kwargs
-                    )
-                texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
-                for key, text in zip(keys, texts):
-                    records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}]}
-                    out.write(json.dumps(records[key], ensure_ascii=False) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-                bar.update(len(keys))
-    if todo or partial.exists() or not cache_path.exists():
+        _answer(model, tokenizer, todo, Path(f"{cache_path}.partial"), records, max_new_tokens, batch_size,
+                max_prompt_length, do_sample, temperature, seed, "seq-KD generation")
+    if todo or _partials(cache_path) or not cache_path.exists():
         order = list(dict.fromkeys([_key(ex["messages"]) for ex in examples] + list(records)))  # examples' order first
         _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
-        partial.unlink(missing_ok=True)
+        for partial in _partials(cache_path):
+            partial.unlink()
     return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+
+
+def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0) -> None:
+    """Sequence-level KD split across the processes of a distributed run (`state`: accelerate's
+    PartialState): each answers its share of the recipe's train and eval prompts into its own
+    `<generation_cache>.partial.<rank>`, so no process waits on one doing all the generation (which
+    would outlast the collective timeout); the datasets then built on the main process first merge
+    the shares into the cache. Nothing to do in a single process, or when the dataset has the responses."""
+    if spec.response_source != "target" or model is None or state.num_processes == 1:
+        return
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad_token, needed to batch prompts; set tokenizer.pad_token")
+    cache_path = Path(spec.generation_cache)
+    if state.is_main_process:
+        settings = _generation_settings(spec.generation_max_new_tokens, spec.max_prompt_length)
+        _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
+    state.wait_for_everyone()
+    examples = _recipe_examples(spec, seed, "train") + _recipe_examples(spec, seed, "eval")
+    mine = {_key(ex["messages"]): ex["messages"] for ex in examples if int(_key(ex["messages"])[:8], 16) % state.num_processes == state.process_index}
+    partial = Path(f"{cache_path}.partial.{state.process_index}")
+    records = _read_records(cache_path) | _read_records(partial)
+    todo = {key: messages for key, messages in mine.items() if key not in records}
+    if todo:
+        _answer(model, tokenizer, todo, partial, records, spec.generation_max_new_tokens, spec.generation_batch_size,
+                spec.max_prompt_length, False, 1.0, 0, f"seq-KD generation, process {state.process_index + 1} of {state.num_processes}")
+    state.wait_for_everyone()
 
 
 # --------------------------------------------------------------------------- datasets
@@ -472,8 +512,7 @@ def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
     `response_source` is 'target'."""
     if spec.packing:
         raise NotImplementedError("data.packing is not supported: examples are padded per batch; set packing: false")
-    examples = load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset)
-    return _tokenized(_with_responses(examples, spec, tokenizer, target), spec, tokenizer)
+    return _tokenized(_with_responses(_recipe_examples(spec, seed, "train"), spec, tokenizer, target), spec, tokenizer)
 
 
 def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
@@ -481,9 +520,17 @@ def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
     rows, tokenized like the training set; None when no eval split is set."""
     if spec.eval_split is None:
         return None
+    return _tokenized(_with_responses(_recipe_examples(spec, seed, "eval"), spec, tokenizer, target), spec, tokenizer)
+
+
+def _recipe_examples(spec: DataSpec, seed: int, which: str) -> list[dict]:
+    """The recipe's training rows, or its held-out rows (`eval_split`: a split of the dataset or a local file; none: [])."""
+    if which == "train":
+        return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset)
+    if spec.eval_split is None:
+        return []
     if Path(spec.eval_split).suffix.lower() in LOCAL_FORMATS:
         source, split = spec.eval_split, "train"
     else:
         source, split = spec.dataset, spec.eval_split
-    examples = load_examples(source, spec.adapter, split, spec.eval_samples, seed, subset=spec.subset)
-    return _tokenized(_with_responses(examples, spec, tokenizer, target), spec, tokenizer)
+    return load_examples(source, spec.adapter, split, spec.eval_samples, seed, subset=spec.subset)

@@ -152,12 +152,20 @@ def measure(configs: dict[str, dict[str, Any]], tokens: int = 2048, chunk: int =
 # --------------------------------------------------------------------------------------------- CLI
 
 
-def _config(name_or_path: str, override: str | None) -> dict[str, Any]:
+def _config(name_or_path: str, override: str | None, flag: str) -> dict[str, Any]:
+    """The model's config.json: `override`, else the Hub or a local folder, else (offline) the copy
+    shipped in recipes/model_configs/ for the Qwen2.5 checkpoints the recipes name."""
     if override:
         return json.loads(Path(override).read_text())
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(name_or_path).to_dict()
+    try:
+        return AutoConfig.from_pretrained(name_or_path).to_dict()
+    except OSError as err:
+        shipped = Path(__file__).resolve().parents[1] / "recipes" / "model_configs" / f"{Path(name_or_path).name.lower()}.json"
+        if shipped.is_file():
+            return json.loads(shipped.read_text())
+        raise ValueError(f"cannot read the config of {name_or_path} ({str(err).splitlines()[0]}): pass {flag} config.json") from None
 
 
 def render(terms: dict[str, float]) -> str:
@@ -188,13 +196,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.recipe:
         ap.error("give a recipe (or --check CONFIG ...)")
-    recipe = load_recipe(args.recipe, args.overrides)
-    if recipe.draft.name_or_path is None and args.draft_config is None:
-        draft_cfg = {**recipe.draft.config}
-    else:
-        draft_cfg = _config(recipe.draft.name_or_path, args.draft_config)
-    print(render(estimate(recipe, _config(recipe.target.name_or_path, args.target_config), draft_cfg,
-                          tokens=args.tokens, world_size=args.gpus, zero_stage=args.zero)))
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        if recipe.draft.name_or_path is None and args.draft_config is None:
+            draft_cfg = {**recipe.draft.config}
+        else:
+            draft_cfg = _config(recipe.draft.name_or_path, args.draft_config, "--draft-config")
+        target_cfg = _config(recipe.target.name_or_path, args.target_config, "--target-config")
+    except (ValueError, FileNotFoundError) as err:
+        ap.error(str(err))
+    print(render(estimate(recipe, target_cfg, draft_cfg, tokens=args.tokens, world_size=args.gpus, zero_stage=args.zero)))
     return 0
 
 

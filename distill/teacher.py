@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.data import build_eval_dataset, build_train_dataset, check_context
+from distill.data import build_eval_dataset, build_train_dataset, check_context, generate_share
 from distill.provenance import versions
 from distill.vocab import tokenizer_fingerprint
 
@@ -420,6 +420,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     eval_split) under teacher.cache_dir/{train,eval}. Runs under `accelerate launch` too: shards
     are split across processes."""
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
     from distill.recipe import check_paths
 
@@ -427,7 +428,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
     cache_dir = cache_dir or recipe.teacher.cache_dir
     if not cache_dir:
         raise ValueError("the recipe has no teacher.cache_dir: set it (or pass --cache-dir) to say where the cache goes")
-    state = PartialState()
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # `accelerate launch --cpu`: CPU processes (gloo)
     spec = recipe.target
     tokenizer = load_target_tokenizer(spec)
     model = load_target(spec.name_or_path, spec.revision, spec.dtype, device=state.device, trust_remote_code=spec.trust_remote_code)
@@ -439,6 +440,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         "versions": versions(),
     }
     builders = {"train": build_train_dataset, "eval": build_eval_dataset}
+    generate_share(recipe.data, tokenizer, model, state, recipe.seed)  # seq-KD: every process answers its share first
     out = {}
     for name, build in builders.items():
         with state.main_process_first():

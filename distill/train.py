@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -41,7 +42,7 @@ from transformers import (
 )
 
 from distill import losses
-from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context
+from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context, generate_share
 from distill.recipe import check_paths, save_recipe
 from distill.teacher import (
     CachedTeacherCollator,
@@ -421,7 +422,13 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     mode = recipe.teacher.mode
     if mode not in ("online", "cache"):
         raise ValueError(f"teacher.mode {mode!r} unknown: use online or cache")
-    teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, trust_remote_code=spec.trust_remote_code) if mode == "online" else None
+    # On the process's GPU from the start: seq-KD generation runs before the trainer places the teacher.
+    # Under ZeRO-3 its weights are partitioned and cannot generate: responses then come from a finished cache.
+    teacher = None
+    if mode == "online":
+        teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, device=None if _zero3() else args.device,
+                              trust_remote_code=spec.trust_remote_code)
+    generator = None if _zero3() else teacher
 
     model = build_draft(recipe.draft, tokenizer, recipe.seed)
     vocab_size = len(tokenizer)
@@ -436,9 +443,10 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         if recipe.training.gradient_checkpointing:
             model.enable_input_require_grads()
 
-    with args.main_process_first(desc="building datasets"):  # target generations are cached once
-        train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed))
-        eval_ds = build_eval_dataset(recipe.data, tokenizer, target=teacher, seed=recipe.seed)
+    generate_share(recipe.data, tokenizer, generator, PartialState(), recipe.seed)  # every process answers its share
+    with args.main_process_first(desc="building datasets"):  # the main process merges the shares into one cache
+        train_ds = _columns(build_train_dataset(recipe.data, tokenizer, target=generator, seed=recipe.seed))
+        eval_ds = build_eval_dataset(recipe.data, tokenizer, target=generator, seed=recipe.seed)
     eval_ds = _columns(eval_ds) if eval_ds is not None else None
 
     collator = DataCollatorForDistill(tokenizer)

@@ -349,7 +349,7 @@ def test_build_train_dataset_needs_responses_or_the_target(tmp_path, tokenizer, 
         max_prompt_length=64,
         max_length=96,
     )
-    with pytest.raises(ValueError, match="pass the target"):
+    with pytest.raises(ValueError, match="generation cache .* is not finished: run `distill cache-teacher RECIPE` first"):
         build_train_dataset(spec, tokenizer)
     model, tok = saved_target
     ds = build_train_dataset(spec, tok, target=model)

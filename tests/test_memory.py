@@ -68,3 +68,22 @@ def test_cli_prints_the_table(capsys):
     assert main([str(REPO / args[0]), *[str(REPO / a) if a.endswith(".json") else a for a in args[1:]]]) == 0
     out = capsys.readouterr().out
     assert "| target weights | 15.23 |" in out and "**total**" in out
+
+
+def test_cli_reads_the_shipped_configs_offline_and_names_the_flag_otherwise(capsys, monkeypatch):
+    """Offline, the recipes' Hub names fall back to recipes/model_configs/; any other unreadable
+    model ends with one line naming --draft-config / --target-config."""
+    import transformers
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    recipe = str(REPO / "recipes/qwen2.5-0.5b-from-7b-full.yaml")
+    assert main([recipe, "--gpus", "8", "--zero", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| loss chunk | 6.22 |" in out and "**15.4**" in out  # 151,936 draft rows, 494M parameters
+    with pytest.raises(SystemExit) as exit_:
+        main([recipe, "--set", "draft.name_or_path=someone/my-draft"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "cannot read the config of someone/my-draft" in err and "pass --draft-config" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,3 +209,42 @@ def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_
     gens.write_text("".join(json.dumps(r) + "\n" for r in records[1:]))  # one prompt's generation lost
     with pytest.raises(ValueError, match=r"lacks 1 of (10|6) prompts"):
         build_trainer(load_recipe(d))
+
+
+def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_cache(tiny_dir, saved_tokenizer, tmp_path):
+    """`distill cache-teacher` in 2 CPU processes (torchrun, gloo): each process answers
+    its share of the prompts (no process waits on one doing them all), and the merged generation cache
+    and teacher cache equal a single-process run's."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    REPO = Path(__file__).resolve().parents[1]
+
+    runs = {}
+    for procs in (1, 2):
+        root = tmp_path / f"p{procs}"
+        d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"cache_dir": str(root / "cache")},
+                        data={"response_source": "target", "generation_cache": str(root / "gens.jsonl"), "generation_max_new_tokens": 6})
+        (root).mkdir()
+        (root / "recipe.yaml").write_text(yaml.safe_dump(d))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", str(port),
+               "-m", "distill.cli", "cache-teacher", str(root / "recipe.yaml")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "true"}
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs[procs] = (root, run.stderr)
+    root1, root2 = runs[1][0], runs[2][0]
+    shares = [int(m) for m in __import__("re").findall(r"seq-KD generation, process \d of 2: 100%\|[^|]*\| (\d+)/\d+", runs[2][1])]
+    assert len(shares) == 2 and all(shares) and sum(shares) == 15, shares  # 15 distinct prompts, split between the two
+    assert not list(root2.glob("gens.jsonl.partial*"))
+    by_key = lambda p: {json.loads(line)["key"]: json.loads(line) for line in p.read_text().splitlines()}  # noqa: E731
+    assert by_key(root2 / "gens.jsonl") == by_key(root1 / "gens.jsonl")
+    for split in ("train", "eval"):
+        one, two = TeacherCache(root1 / "cache" / split), TeacherCache(root2 / "cache" / split)
+        assert one.manifest["num_examples"] == two.manifest["num_examples"]
+        assert all(torch.equal(a, b) for i in range(one.manifest["num_examples"]) for a, b in zip(one.example(i), two.example(i)))
