@@ -248,3 +248,22 @@ def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_
         one, two = TeacherCache(root1 / "cache" / split), TeacherCache(root2 / "cache" / split)
         assert one.manifest["num_examples"] == two.manifest["num_examples"]
         assert all(torch.equal(a, b) for i in range(one.manifest["num_examples"]) for a, b in zip(one.example(i), two.example(i)))
+
+
+def test_under_zero3_seq_kd_reads_a_finished_generation_cache_or_says_to_make_one(tiny_dir, saved_tokenizer, tmp_path, monkeypatch):
+    """ZeRO-3 partitions the online target, which then cannot generate: training reads the responses
+    from a finished generation cache, or stops saying how to write one first."""
+    import distill.train as train_module
+    from distill.data import generate_responses, load_examples
+
+    d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"mode": "online"},
+                    data={"response_source": "target", "generation_cache": str(tmp_path / "gens.jsonl"), "generation_max_new_tokens": 6})
+    monkeypatch.setattr(train_module, "_zero3", lambda: True)
+    with pytest.raises(ValueError, match=r"ZeRO-3 partitions it.*run `distill cache-teacher RECIPE` first"):
+        train_module.build_trainer(load_recipe(d))
+    recipe = load_recipe(d)
+    target = AutoModelForCausalLM.from_pretrained(tiny_dir / "target").eval()
+    examples = load_examples(recipe.data.dataset, recipe.data.adapter) + load_examples(recipe.data.eval_split, recipe.data.adapter)
+    generate_responses(target, saved_tokenizer, examples, 6, tmp_path / "gens.jsonl", max_prompt_length=recipe.data.max_prompt_length)
+    trainer = train_module.build_trainer(recipe)
+    assert len(trainer.train_dataset) == 10
