@@ -271,6 +271,17 @@ def _drop_torn_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+def _tokenizer_identity(tokenizer) -> dict:
+    """What a generation cache pins of the tokenizer: its vocabulary and its chat template."""
+    return {"tokenizer": tokenizer_fingerprint(tokenizer),
+            "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest()}
+
+
+def _manifest_diffs(old: dict, new: dict) -> list[str]:
+    """`key: cached X, now Y` for each entry of `new` (but versions) that `old` records otherwise."""
+    return [f"{k}: cached {old.get(k)!r}, now {v!r}" for k, v in new.items() if k != "versions" and old.get(k) != v]
+
+
 def _manifest(model, tokenizer, settings: dict) -> dict:
     import transformers
 
@@ -280,8 +291,7 @@ def _manifest(model, tokenizer, settings: dict) -> dict:
         "model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
         "model_revision": getattr(model.config, "_commit_hash", None),
         "model_dtype": str(model.dtype),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest(),
+        **_tokenizer_identity(tokenizer),
         "generation": settings,
         "versions": {"distill": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
     }
@@ -294,8 +304,7 @@ def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
             raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache or choose another path")
         _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
         return
-    old = json.loads(path.read_text(encoding="utf-8"))
-    diffs = [f"{k}: cached {old.get(k)!r}, now {manifest[k]!r}" for k in manifest if k != "versions" and old.get(k) != manifest[k]]
+    diffs = _manifest_diffs(json.loads(path.read_text(encoding="utf-8")), manifest)
     if diffs:
         raise ValueError(
             f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}). "
@@ -341,11 +350,8 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
     if not cache_path.is_file() or not manifest_path.is_file():
         raise ValueError(f"data.response_source is 'target' and the target is not loaded to generate (teacher.mode: cache, or ZeRO-3 partitions it), "
                          f"but the generation cache {cache_path} is not finished: {rerun}")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    want = {"tokenizer": tokenizer_fingerprint(tokenizer),
-            "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest(),
-            "generation": _generation_settings(spec.generation_max_new_tokens, spec.max_prompt_length)}
-    diffs = [f"{k}: cached {manifest.get(k)!r}, now {v!r}" for k, v in want.items() if manifest.get(k) != v]
+    want = {**_tokenizer_identity(tokenizer), "generation": _generation_settings(spec.generation_max_new_tokens, spec.max_prompt_length)}
+    diffs = _manifest_diffs(json.loads(manifest_path.read_text(encoding="utf-8")), want)
     if diffs:
         raise ValueError(f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}): "
                          f"delete it (and its .manifest.json) and {rerun}")
@@ -353,6 +359,11 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
     missing = sum(_key(ex["messages"]) not in records for ex in examples)
     if missing:
         raise ValueError(f"generation cache {cache_path} lacks {missing} of {len(examples)} prompts of this recipe's data: {rerun}")
+    return _responses(examples, records)
+
+
+def _responses(examples: Sequence[dict], records: dict[str, dict]) -> list[dict]:
+    """Each example with the cached generation for its prompt as its response."""
     return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
 
 
@@ -423,16 +434,17 @@ def generate_responses(
     settings = _generation_settings(max_new_tokens, max_prompt_length, do_sample, temperature, seed)
     _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
     records = _read_all(cache_path)
-    todo = {_key(ex["messages"]): ex["messages"] for ex in examples if _key(ex["messages"]) not in records}
+    keyed = {_key(ex["messages"]): ex["messages"] for ex in examples}
+    todo = {key: messages for key, messages in keyed.items() if key not in records}
     if todo:
         _answer(model, tokenizer, todo, Path(f"{cache_path}.partial"), records, max_new_tokens, batch_size,
                 max_prompt_length, do_sample, temperature, seed, "seq-KD generation")
     if todo or _partials(cache_path) or not cache_path.exists():
-        order = list(dict.fromkeys([_key(ex["messages"]) for ex in examples] + list(records)))  # examples' order first
+        order = list(dict.fromkeys([*keyed, *records]))  # examples' order first
         _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
         for partial in _partials(cache_path):
             partial.unlink()
-    return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+    return _responses(examples, records)
 
 
 def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0) -> None:
@@ -451,7 +463,8 @@ def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0) 
         _check_manifest(Path(f"{cache_path}.manifest.json"), cache_path, _manifest(model, tokenizer, settings))
     state.wait_for_everyone()
     examples = _recipe_examples(spec, seed, "train") + _recipe_examples(spec, seed, "eval")
-    mine = {_key(ex["messages"]): ex["messages"] for ex in examples if int(_key(ex["messages"])[:8], 16) % state.num_processes == state.process_index}
+    keyed = {_key(ex["messages"]): ex["messages"] for ex in examples}
+    mine = {key: messages for key, messages in keyed.items() if int(key[:8], 16) % state.num_processes == state.process_index}
     partial = Path(f"{cache_path}.partial.{state.process_index}")
     records = _read_records(cache_path) | _read_records(partial)
     todo = {key: messages for key, messages in mine.items() if key not in records}

@@ -162,7 +162,9 @@ def _config(name_or_path: str, override: str | None, flag: str) -> dict[str, Any
     try:
         return AutoConfig.from_pretrained(name_or_path).to_dict()
     except OSError as err:
-        shipped = Path(__file__).resolve().parents[1] / "recipes" / "model_configs" / f"{Path(name_or_path).name.lower()}.json"
+        from distill.rehearse import MODEL_CONFIGS
+
+        shipped = MODEL_CONFIGS / f"{Path(name_or_path).name.lower()}.json"
         if shipped.is_file():
             return json.loads(shipped.read_text())
         raise ValueError(f"cannot read the config of {name_or_path} ({str(err).splitlines()[0]}): pass {flag} config.json") from None

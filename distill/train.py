@@ -424,11 +424,12 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         raise ValueError(f"teacher.mode {mode!r} unknown: use online or cache")
     # On the process's GPU from the start: seq-KD generation runs before the trainer places the teacher.
     # Under ZeRO-3 its weights are partitioned and cannot generate: responses then come from a finished cache.
+    zero3 = _zero3()
     teacher = None
     if mode == "online":
-        teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, device=None if _zero3() else args.device,
+        teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, device=None if zero3 else args.device,
                               trust_remote_code=spec.trust_remote_code)
-    generator = None if _zero3() else teacher
+    generator = None if zero3 else teacher
 
     model = build_draft(recipe.draft, tokenizer, recipe.seed)
     vocab_size = len(tokenizer)
