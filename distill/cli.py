@@ -14,6 +14,7 @@ COMMANDS = {
     "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint"),
     "rehearse": ("distill.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer"),
     "memory": ("distill.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)"),
+    "convert-gguf": ("distill.models", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)"),
     "prepare-tiny": ("distill.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on"),
 }
 

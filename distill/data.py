@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from distill import topk_store
+from distill.prompts import apply_template
 from distill.recipe import DataSpec
 from distill.vocab import tokenizer_fingerprint
 
@@ -136,10 +138,12 @@ def load_examples(
     num_samples: int | None = None,
     seed: int = 0,
     subset: str | None = None,
+    prompt_template: str | None = None,
 ) -> list[dict]:
     """Prompt/response examples `{"messages": [...], "response": str | None}` from a dataset.
 
-    `num_samples` draws that many rows at random (seeded); None keeps every row in order."""
+    `num_samples` draws that many rows at random (seeded); None keeps every row in order.
+    `prompt_template` (see `distill.prompts.apply_template`) rewrites each last user turn."""
     rows = _load_rows(dataset, split, subset)
     if adapter is None:
         adapter = detect_adapter(rows.column_names)
@@ -166,6 +170,9 @@ def load_examples(
     examples = []
     for row in rows:
         messages, response = to_example(row)
+        if prompt_template is not None:
+            last = max(i for i, turn in enumerate(messages) if turn["role"] == "user")
+            messages[last] = {**messages[last], "content": apply_template(prompt_template, messages[last]["content"])}
         examples.append({"messages": messages, "response": response})
     return examples
 
@@ -177,19 +184,25 @@ def _prompt_ids(tokenizer, messages: Messages) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
 
 
-def tokenize_example(tokenizer, messages: Messages, response: str, max_prompt_length: int, max_length: int) -> dict:
+def tokenize_example(tokenizer, messages: Messages, response: str, max_prompt_length: int, max_length: int,
+                     response_ids: Sequence[int] | None = None) -> dict:
     """Chat-templated prompt + response + EOS, with labels -100 on the prompt so only the response is learnt.
 
     The prompt keeps its last `max_prompt_length` tokens (the end is what the response follows);
-    the whole sequence is then cut to `max_length`."""
-    if response is None:
+    the whole sequence is then cut to `max_length`. `response_ids`, the tokens a target generated
+    (EOS included when it stopped), are used as they are instead of re-tokenizing the text: the
+    sequence is then exactly what the target produced, and its kept logits line up with it."""
+    if response is None and response_ids is None:
         raise ValueError("example has no response: use data.response_source: target to generate one")
     if max_prompt_length >= max_length:
         raise ValueError(f"max_prompt_length ({max_prompt_length}) must be < max_length ({max_length})")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token; the response could never end")
     prompt = _prompt_ids(tokenizer, messages)[-max_prompt_length:]
-    answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    if response_ids is not None:
+        answer = list(response_ids)
+    else:
+        answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     answer = answer[: max_length - len(prompt)]
     input_ids = prompt + answer
     return {
@@ -300,8 +313,9 @@ def _manifest(model, tokenizer, settings: dict) -> dict:
 def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
     """Refuse to extend a cache made by another model, tokenizer or generation setting."""
     if not path.exists():
-        if cache_path.exists() or _partials(cache_path):
-            raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache or choose another path")
+        if cache_path.exists() or _partials(cache_path) or topk_store.store_dir(cache_path).exists():
+            raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache (and {topk_store.store_dir(cache_path).name}) "
+                             "or choose another path")
         _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
         return
     diffs = _manifest_diffs(json.loads(path.read_text(encoding="utf-8")), manifest)
@@ -363,8 +377,13 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
 
 
 def _responses(examples: Sequence[dict], records: dict[str, dict]) -> list[dict]:
-    """Each example with the cached generation for its prompt as its response."""
-    return [{"messages": ex["messages"], "response": records[_key(ex["messages"])]["messages"][-1]["content"]} for ex in examples]
+    """Each example with the cached generation for its prompt as its response (and its token ids,
+    which caches written before they were recorded lack)."""
+    out = []
+    for ex in examples:
+        record = records[_key(ex["messages"])]
+        out.append({"messages": ex["messages"], "response": record["messages"][-1]["content"], "response_ids": record.get("response_ids")})
+    return out
 
 
 def _partials(cache_path: Path) -> list[Path]:
@@ -372,14 +391,35 @@ def _partials(cache_path: Path) -> list[Path]:
     return [p for p in (Path(f"{cache_path}.partial"), *sorted(cache_path.parent.glob(f"{cache_path.name}.partial.*"))) if p.exists()]
 
 
+def _cache_of(partial: Path) -> Path:
+    """The generation cache a partial file belongs to (`X.partial` or `X.partial.<rank>` -> X)."""
+    name = partial.name
+    return partial.with_name(name[: name.index(".partial")])
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """A generated row up to and including its first EOS (the padding after it dropped); all of it when it never stopped."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
 def _answer(model, tokenizer, todo: dict[str, Messages], partial: Path, records: dict[str, dict], max_new_tokens: int,
-            batch_size: int, max_prompt_length: int | None, do_sample: bool, temperature: float, seed: int, desc: str) -> None:
-    """Generate the target's answer to every prompt in `todo`, appending each finished batch to `partial` (fsynced) and `records`."""
+            batch_size: int, max_prompt_length: int | None, do_sample: bool, temperature: float, seed: int, desc: str,
+            keep_topk: int | None = None) -> None:
+    """Generate the target's answer to every prompt in `todo`, appending each finished batch to `partial` (fsynced) and `records`.
+
+    With `keep_topk` (greedy only), each step's raw logits are kept as top-k log-probs in the
+    `distill.topk_store` beside the cache, written before the batch's records."""
     ids = {key: _prompt_ids(tokenizer, messages) for key, messages in todo.items()}
     if max_prompt_length is not None:
         ids = {key: prompt[-max_prompt_length:] for key, prompt in ids.items()}
     order = sorted(todo, key=lambda k: len(ids[k]), reverse=True)  # similar lengths share a batch
     kwargs = _generation_kwargs(tokenizer, model, max_new_tokens, do_sample, temperature)
+    keep = keep_topk if keep_topk and not do_sample else None
+    eos = {kwargs["eos_token_id"]} if isinstance(kwargs["eos_token_id"], int) else set(kwargs["eos_token_id"])
+    store = topk_store.store_dir(_cache_of(partial))
     model.eval()
     partial.parent.mkdir(parents=True, exist_ok=True)
     _drop_torn_tail(partial)
@@ -391,11 +431,19 @@ def _answer(model, tokenizer, todo: dict[str, Messages], partial: Path, records:
             attention_mask = torch.tensor([[0] * (width - len(ids[k])) + [1] * len(ids[k]) for k in keys])
             if do_sample:
                 torch.manual_seed(seed + start)
+            recorder = topk_store.KeepTopK(keep, len(tokenizer)) if keep else None
             with torch.inference_mode():
-                sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), **kwargs)
-            texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
-            for key, text in zip(keys, texts):
-                records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}]}
+                sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                                           logits_processor=[recorder] if recorder else None, **kwargs)
+            new = [_until_eos(row.tolist(), eos) for row in sequences[:, width:].cpu()]
+            if recorder:
+                top_ids, top_lps = recorder.stacked()
+                topk_store.write_batch(store, [topk_store.prompt_key(ids[k]) for k in keys], [torch.tensor(n) for n in new],
+                                       [top_ids[i, : len(n)].cpu() for i, n in enumerate(new)],
+                                       [top_lps[i, : len(n)].cpu() for i, n in enumerate(new)], len(tokenizer))
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            for key, text, tokens in zip(keys, texts, new):
+                records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}], "response_ids": tokens}
                 out.write(json.dumps(records[key], ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
@@ -420,6 +468,7 @@ def generate_responses(
     do_sample: bool = False,
     temperature: float = 1.0,
     seed: int = 0,
+    keep_topk: int | None = None,
 ) -> list[dict]:
     """Sequence-level KD: the target answers every prompt once (greedy unless `do_sample`), cached at `cache_path`.
 
@@ -427,7 +476,8 @@ def generate_responses(
     complete JSONL (one chat `messages` line per prompt, the generation as the last turn, readable
     by the `messages` adapter) is written atomically, and `<cache_path>.manifest.json` pins model,
     tokenizer and settings. The per-process partials of `generate_share` are merged in. In a
-    distributed run call it on the main process first."""
+    distributed run call it on the main process first. `keep_topk` keeps the target's top-k
+    log-probs of each greedy step (`distill.topk_store`), so the teacher cache needs no second pass."""
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad_token, needed to batch prompts; set tokenizer.pad_token")
     cache_path = Path(cache_path)
@@ -438,7 +488,7 @@ def generate_responses(
     todo = {key: messages for key, messages in keyed.items() if key not in records}
     if todo:
         _answer(model, tokenizer, todo, Path(f"{cache_path}.partial"), records, max_new_tokens, batch_size,
-                max_prompt_length, do_sample, temperature, seed, "seq-KD generation")
+                max_prompt_length, do_sample, temperature, seed, "seq-KD generation", keep_topk)
     if todo or _partials(cache_path) or not cache_path.exists():
         order = list(dict.fromkeys([*keyed, *records]))  # examples' order first
         _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
@@ -447,7 +497,7 @@ def generate_responses(
     return _responses(examples, records)
 
 
-def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0) -> None:
+def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0, keep_topk: int | None = None) -> None:
     """Sequence-level KD split across the processes of a distributed run (`state`: accelerate's
     PartialState): each answers its share of the recipe's train and eval prompts into its own
     `<generation_cache>.partial.<rank>`, so no process waits on one doing all the generation (which
@@ -470,14 +520,15 @@ def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0) 
     todo = {key: messages for key, messages in mine.items() if key not in records}
     if todo:
         _answer(model, tokenizer, todo, partial, records, spec.generation_max_new_tokens, spec.generation_batch_size,
-                spec.max_prompt_length, False, 1.0, 0, f"seq-KD generation, process {state.process_index + 1} of {state.num_processes}")
+                spec.max_prompt_length, False, 1.0, 0, f"seq-KD generation, process {state.process_index + 1} of {state.num_processes}",
+                keep_topk)
     state.wait_for_everyone()
 
 
 # --------------------------------------------------------------------------- datasets
 
 
-def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target) -> list[dict]:
+def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target, keep_topk: int | None = None) -> list[dict]:
     if spec.response_source == "target":
         if not spec.generation_cache:
             raise ValueError("data.response_source is 'target': set data.generation_cache to a .jsonl path")
@@ -491,6 +542,7 @@ def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target) -> 
             spec.generation_cache,
             batch_size=spec.generation_batch_size,
             max_prompt_length=spec.max_prompt_length,
+            keep_topk=keep_topk,
         )
     missing = sum(ex["response"] is None for ex in examples)
     if missing:
@@ -505,7 +557,7 @@ def _tokenized(examples: list[dict], spec: DataSpec, tokenizer):
     from datasets import Dataset
 
     rows = [
-        tokenize_example(tokenizer, ex["messages"], ex["response"], spec.max_prompt_length, spec.max_length)
+        tokenize_example(tokenizer, ex["messages"], ex["response"], spec.max_prompt_length, spec.max_length, ex.get("response_ids"))
         for ex in tqdm(examples, desc="tokenizing", unit="example")
     ]
     return Dataset.from_list(rows)
@@ -519,31 +571,32 @@ def check_context(spec: DataSpec, model: Any, name: str) -> None:
         raise ValueError(f"data.max_length {spec.max_length} exceeds the {name}'s context of {context} positions: set data.max_length (and max_prompt_length) to at most {context}")
 
 
-def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
+def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, keep_topk: int | None = None):
     """Tokenized training set (`input_ids`, `attention_mask`, `labels`) for `spec`: load, answer
     (dataset or target generations), chat-template and mask. `target` is needed when
-    `response_source` is 'target'."""
+    `response_source` is 'target' (and `keep_topk` then keeps its top-k log-probs while it answers)."""
     if spec.packing:
         raise NotImplementedError("data.packing is not supported: examples are padded per batch; set packing: false")
-    return _tokenized(_with_responses(_recipe_examples(spec, seed, "train"), spec, tokenizer, target), spec, tokenizer)
+    return _tokenized(_with_responses(_recipe_examples(spec, seed, "train"), spec, tokenizer, target, keep_topk), spec, tokenizer)
 
 
-def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0):
+def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, keep_topk: int | None = None):
     """Held-out set from `spec.eval_split` (a split of the dataset, or a local file), `eval_samples`
     rows, tokenized like the training set; None when no eval split is set."""
     if spec.eval_split is None:
         return None
-    return _tokenized(_with_responses(_recipe_examples(spec, seed, "eval"), spec, tokenizer, target), spec, tokenizer)
+    return _tokenized(_with_responses(_recipe_examples(spec, seed, "eval"), spec, tokenizer, target, keep_topk), spec, tokenizer)
 
 
 def _recipe_examples(spec: DataSpec, seed: int, which: str) -> list[dict]:
     """The recipe's training rows, or its held-out rows (`eval_split`: a split of the dataset or a local file; none: [])."""
     if which == "train":
-        return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset)
+        return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset,
+                             prompt_template=spec.prompt_template)
     if spec.eval_split is None:
         return []
     if Path(spec.eval_split).suffix.lower() in LOCAL_FORMATS:
         source, split = spec.eval_split, "train"
     else:
         source, split = spec.dataset, spec.eval_split
-    return load_examples(source, spec.adapter, split, spec.eval_samples, seed, subset=spec.subset)
+    return load_examples(source, spec.adapter, split, spec.eval_samples, seed, subset=spec.subset, prompt_template=spec.prompt_template)

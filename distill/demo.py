@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import transformers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import distill
 from distill.docs import markdown_table
+from distill.models import load_model, load_tokenizer
 from distill.prepare_tiny import prepare
 from distill.recipe import load_recipe
 from distill.speculative import SpeculativeDecoder
@@ -188,11 +188,11 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
         drafts[name] = {"path": str(run_dir / "draft"), "train_metrics": metrics}
 
     print("[4/4] speculative decoding of both drafts against target-only decoding")
-    tokenizer = AutoTokenizer.from_pretrained(out / "tiny" / "target")
-    target = AutoModelForCausalLM.from_pretrained(out / "tiny" / "target", dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(out / "tiny" / "target")
+    target = load_model(out / "tiny" / "target", dtype=torch.float32)
     prompts = _prompts(tokenizer, out, size["eval_prompts"])
     for name, entry in tqdm(drafts.items(), desc="evaluating drafts"):
-        draft = AutoModelForCausalLM.from_pretrained(entry["path"], dtype=torch.float32).eval()
+        draft = load_model(entry["path"], dtype=torch.float32)
         entry.update(measure(target, draft, tokenizer, prompts, NUM_DRAFT_TOKENS, size["max_new_tokens"]))
         entry["eval_expected_acceptance"] = entry["train_metrics"].get("eval_expected_acceptance", float("nan"))
         costs = measure_costs(target, draft, ks=size["ks"], prompt_len=prompts[0].shape[1], repeats=10)

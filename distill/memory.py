@@ -157,11 +157,11 @@ def _config(name_or_path: str, override: str | None, flag: str) -> dict[str, Any
     shipped in recipes/model_configs/ for the Qwen2.5 checkpoints the recipes name."""
     if override:
         return json.loads(Path(override).read_text())
-    from transformers import AutoConfig
+    from distill.models import ModelLoadError, load_config
 
     try:
-        return AutoConfig.from_pretrained(name_or_path).to_dict()
-    except OSError as err:
+        return load_config(name_or_path).to_dict()
+    except ModelLoadError as err:
         from distill.rehearse import MODEL_CONFIGS
 
         shipped = MODEL_CONFIGS / f"{Path(name_or_path).name.lower()}.json"

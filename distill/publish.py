@@ -20,8 +20,9 @@ from typing import Any
 import torch
 import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token, snapshot_download
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.models import load_config, load_model, load_tokenizer, resolve
 from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
@@ -205,10 +206,10 @@ def publish(
         raise ValueError(f"--out {out} would replace the draft it is built from ({source.draft_dir}); choose another folder")
 
     log.info("target tokenizer and config: %s", source.target)
-    target_tok = AutoTokenizer.from_pretrained(source.target, revision=source.target_revision)
-    target_vocab = AutoConfig.from_pretrained(source.target, revision=source.target_revision).get_text_config().vocab_size
+    target_tok = load_tokenizer(source.target, revision=source.target_revision, what="target tokenizer")
+    target_vocab = load_config(source.target, revision=source.target_revision).get_text_config().vocab_size
     if any((source.draft_dir / f).is_file() for f in TOKENIZER_FILES):
-        check_tokenizers_agree(target_tok, AutoTokenizer.from_pretrained(source.draft_dir))
+        check_tokenizers_agree(target_tok, load_tokenizer(source.draft_dir, what="draft tokenizer"))
 
     model, base_model = _load_draft(source.draft_dir, keep_adapter)
     draft_rows = model.get_input_embeddings().weight.shape[0]
@@ -230,7 +231,7 @@ def publish(
         model.save_pretrained(tmp)  # safetensors: transformers 5 writes nothing else, peft by default
         if not keep_adapter:
             _write_portable_config(tmp)
-        _copy_tokenizer(source.target, source.target_revision, tmp)
+        _copy_tokenizer(source.target, source.target_revision, tmp, target_tok)
         _verify(tmp, model, target_tok, draft_vocab)
         report = report_path = None
         if eval_report is not None:
@@ -299,12 +300,12 @@ def _load_draft(draft_dir: Path, keep_adapter: bool) -> tuple[PreTrainedModel, s
         if not (draft_dir / "config.json").is_file():
             raise FileNotFoundError(f"{draft_dir} holds neither a model (config.json) nor a peft adapter ({ADAPTER_CONFIG})")
         log.info("loading draft %s", draft_dir)
-        return AutoModelForCausalLM.from_pretrained(draft_dir, dtype="auto").eval(), None
+        return load_model(draft_dir, dtype=None, what="draft"), None
     from peft import PeftConfig, PeftModel
 
     config = PeftConfig.from_pretrained(draft_dir)
     log.info("loading LoRA adapter %s on %s", draft_dir, config.base_model_name_or_path)
-    base = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, revision=config.revision, dtype="auto")
+    base = load_model(config.base_model_name_or_path, revision=config.revision, dtype=None, what="LoRA base model")
     model = PeftModel.from_pretrained(base, draft_dir)
     if not keep_adapter:
         model = model.merge_and_unload()
@@ -326,11 +327,14 @@ def _write_portable_config(folder: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _copy_tokenizer(target: str, revision: str | None, dest: Path) -> None:
-    """Copy the target's tokenizer files verbatim (from its folder, or its Hub snapshot in the cache)."""
-    src = Path(target)
-    if not src.is_dir():
-        src = Path(snapshot_download(target, revision=revision, allow_patterns=list(TOKENIZER_FILES)))
+def _copy_tokenizer(target: str, revision: str | None, dest: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Copy the target's tokenizer files verbatim (from its folder, or its Hub snapshot in the cache);
+    a GGUF target carries none, so its loaded `tokenizer` is saved instead."""
+    source = resolve(target)
+    if source.kind == "gguf":
+        tokenizer.save_pretrained(dest)
+        return
+    src = Path(source.path) if source.kind == "folder" else Path(snapshot_download(target, revision=revision, allow_patterns=list(TOKENIZER_FILES)))
     files = [f for f in TOKENIZER_FILES if (src / f).is_file()]
     if not files:
         raise FileNotFoundError(f"no tokenizer files in {src}: the target must ship its tokenizer")
@@ -342,8 +346,8 @@ def _copy_tokenizer(target: str, revision: str | None, dest: Path) -> None:
 def _verify(folder: Path, model: PreTrainedModel, target_tok: PreTrainedTokenizerBase, vocab_size: int) -> None:
     """Reload what was written and refuse it unless tokenizer, vocab_size and logits match the model in memory."""
     log.info("reloading %s to check it", folder)
-    check_tokenizers_agree(target_tok, AutoTokenizer.from_pretrained(folder))
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype="auto").eval()
+    check_tokenizers_agree(target_tok, load_tokenizer(folder))
+    reloaded = load_model(folder, dtype=None, what="written draft")
     got = reloaded.config.get_text_config().vocab_size
     if got != vocab_size:
         raise ValueError(f"the written config says vocab_size {got}, expected {vocab_size}")

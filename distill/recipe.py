@@ -23,6 +23,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from distill.models import looks_local
+from distill.prompts import TEMPLATES
+
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 Adapter = Literal["gsm8k", "mmlu", "cnndm", "messages", "prompt_response"]
 Divergence = Literal["forward_kl", "reverse_kl", "jsd", "tvd"]
@@ -86,11 +89,14 @@ class DataSpec:
     """Where prompts and responses come from and how they are tokenized (see distill.data).
 
     `eval_split` is a split of `dataset`, or a local .jsonl/.json/.parquet file of held-out data.
-    `subset` is the Hub dataset's configuration name (e.g. "main" for openai/gsm8k)."""
+    `subset` is the Hub dataset's configuration name (e.g. "main" for openai/gsm8k).
+    `prompt_template` rewrites each prompt's last user turn: the name of an evaluation task whose
+    prompt to ask with (e.g. "gsm8k", as `distill accept` asks), or a string with a `{question}` field."""
 
     dataset: str
     subset: str | None = None
     adapter: Adapter | None = None
+    prompt_template: str | None = None
     split: str = "train"
     num_samples: int | None = field(default=None, metadata=_POSITIVE)
     eval_split: str | None = None
@@ -319,15 +325,12 @@ def _cross_checks(r: Recipe) -> list[str]:
             f"data.max_prompt_length: must be < data.max_length ({r.data.max_prompt_length} >= {r.data.max_length}), "
             "or no response token would fit"
         )
+    if r.data.prompt_template is not None and r.data.prompt_template not in TEMPLATES and "{question}" not in r.data.prompt_template:
+        errors.append(f"data.prompt_template: {r.data.prompt_template!r} is neither a task name ({', '.join(TEMPLATES)}) "
+                      "nor a string with a {question} field where the prompt goes")
     if r.data.packing:
         errors.append("data.packing: packing is not supported (examples are padded per batch); set packing: false")
     return errors
-
-
-def _looks_local(name: str) -> bool:
-    """A path rather than a Hub id ("namespace/name"): absolute, relative with ./ or ../, deeper
-    than one slash, or a data file's suffix."""
-    return name.startswith(("/", ".")) or name.count("/") > 1 or Path(name).suffix.lower() in (".jsonl", ".json", ".parquet")
 
 
 def check_paths(recipe: Recipe) -> None:
@@ -336,7 +339,7 @@ def check_paths(recipe: Recipe) -> None:
     wanted = [("target.name_or_path", recipe.target.name_or_path), ("draft.name_or_path", recipe.draft.name_or_path),
               ("data.dataset", recipe.data.dataset), ("data.eval_split", recipe.data.eval_split)]
     missing = [f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"
-               for key, value in wanted if value and _looks_local(value) and not Path(value).exists()]
+               for key, value in wanted if value and looks_local(value) and not Path(value).exists()]
     if missing:
         raise RecipeError(missing)
 

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from distill.docs import markdown_table, write_section
+from distill.models import load_model, load_tokenizer
 from distill.provenance import versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,7 +250,7 @@ class Rehearsal:
         start = time.perf_counter()
         checks: list[str] = []
         names = ["qwen2.5-7b-instruct", "qwen2.5-0.5b-instruct"] + ([] if self.quick else ["qwen2.5-1.5b-instruct"])
-        tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        tok = load_tokenizer(self.tokenizer_dir)
         check(len(tok) == REAL_VOCAB and tok.eos_token_id == IM_END and tok.pad_token_id == ENDOFTEXT,
               f"real tokenizer: {len(tok):,} tokens, eos <|im_end|> {tok.eos_token_id}, pad <|endoftext|> {tok.pad_token_id}", checks)
         for i, name in enumerate(names):
@@ -274,7 +275,7 @@ class Rehearsal:
 
         start, checks = time.perf_counter(), []
         recipe = load_recipe(REPO / "recipes/qwen2.5-0.5b-from-7b-lora.yaml", self.overrides("data-check")[1::2])
-        tok = AutoTokenizer.from_pretrained(recipe.target.name_or_path)
+        tok = load_tokenizer(recipe.target.name_or_path)
         target = load_target(recipe.target.name_or_path, dtype=recipe.target.dtype)
         rows = build_train_dataset(recipe.data, tok, target=target, seed=recipe.seed)  # the LoRA run's cached generations
         texts = [tok.decode(r["input_ids"]) for r in rows]
@@ -353,7 +354,7 @@ class Rehearsal:
         for name, entry in report["drafts"].items():
             row = entry["tasks"]["gsm8k"]
             check(row["greedy_identity"] == 1.0, f"{name}: greedy identity {row['greedy_identity']:.0%} (acceptance {row['acceptance_rate']:.1%})", checks)
-        tok = AutoTokenizer.from_pretrained(self.path("qwen2.5-7b-instruct"))
+        tok = load_tokenizer(self.path("qwen2.5-7b-instruct"))
         from distill.eval.tasks import gsm8k
 
         ex = gsm8k.load(self.gsm8k_dir / "test.jsonl", num_samples=1)[0]
@@ -386,10 +387,10 @@ class Rehearsal:
         cfg = json.loads((folder / "config.json").read_text())
         want = 152_064 if padded else 151_936
         check(cfg["vocab_size"] == want, f"config.json vocab_size {cfg['vocab_size']:,}" + (" = the target's (vLLM draft_model)" if padded else ""), checks)
-        draft = AutoModelForCausalLM.from_pretrained(folder).eval()
-        target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+        draft = load_model(folder, dtype=None)
+        target = load_model(target_dir, dtype=None)
         check(isinstance(draft, PreTrainedModel), "loads with AutoModelForCausalLM", checks)
-        tok = AutoTokenizer.from_pretrained(folder)
+        tok = load_tokenizer(folder)
         ref, spec, proposed = [], [], []
         for ex in _gsm8k_chats(self.gsm8k_dir, 2):
             enc = tok.apply_chat_template(ex, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -422,9 +423,9 @@ class Rehearsal:
         from distill.speculative import SpeculativeDecoder
 
         start, checks = time.perf_counter(), []
-        target = AutoModelForCausalLM.from_pretrained(self.path("qwen2.5-7b-instruct")).eval()
-        draft = AutoModelForCausalLM.from_pretrained(self.out / "runs/lora/draft", dtype=torch.float32).eval()
-        tok = AutoTokenizer.from_pretrained(self.path("qwen2.5-7b-instruct"))
+        target = load_model(self.path("qwen2.5-7b-instruct"), dtype=None)
+        draft = load_model(self.out / "runs/lora/draft", dtype=torch.float32)
+        tok = load_tokenizer(self.path("qwen2.5-7b-instruct"))
         fed: list[int] = []
         draft.get_input_embeddings().register_forward_hook(lambda m, inp, out: fed.extend(inp[0].flatten().tolist()))
         decoder = SpeculativeDecoder(target, draft, num_draft_tokens=4, tokenizer=tok, draft_tokenizer=tok)

@@ -34,10 +34,12 @@ from typing import Any
 import torch
 import transformers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, Qwen2Config
 
 import distill
 from distill.docs import markdown_table, write_section
+from distill.models import ModelLoadError, load_model, load_tokenizer
+from distill.vocab import check_special_ids_agree, check_tokenizers_agree
 from distill.speculative import SpecStats, SpeculativeDecoder
 from distill.speculative.loop import SpecLoop, target_only_generate
 from distill.speculative.static import BACKENDS, graphs_available, measure_costs_static, static_problem
@@ -577,15 +579,20 @@ def _load(args: argparse.Namespace, dtype: torch.dtype):
             models[side] = _random_model(cfg, dtype, args.device, args.seed + i)
             names[side] = f"random weights of {Path(cfg).name}"
         else:
-            models[side] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+            models[side] = load_model(path, dtype=dtype, device=args.device, what=side)
             names[side] = path
-    tok = None
-    if args.target:
-        try:
-            tok = AutoTokenizer.from_pretrained(args.target)
-        except (OSError, ValueError):
-            tok = None  # no tokenizer files: prompts are random ids
-    return models["target"], models["draft"], tok, names
+    tokenizers = {}
+    for side in ("target", "draft"):
+        if sides[side][0]:
+            try:
+                tokenizers[side] = load_tokenizer(sides[side][0], what=f"{side} tokenizer")
+            except ModelLoadError:
+                pass  # no tokenizer files: prompts are random ids, and the configs' special ids are compared instead
+    if len(tokenizers) == 2:
+        check_tokenizers_agree(tokenizers["target"], tokenizers["draft"])  # as `distill accept` does
+    else:
+        check_special_ids_agree(models["target"], models["draft"])
+    return models["target"], models["draft"], tokenizers.get("target"), names
 
 
 def _measure_alpha(target, draft, tok, prompts, k: int, max_new_tokens: int, backend: str) -> float:
@@ -696,7 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dtype = getattr(torch, args.dtype)
 
-    target, draft, tok, names = _load(args, dtype)
+    try:
+        target, draft, tok, names = _load(args, dtype)
+    except ValueError as err:
+        print(f"distill bench: error: {err}", file=sys.stderr)
+        return 2
     context = min(_context(target), _context(draft))
     if args.prompt_len + args.max_new_tokens + max(args.ks) + 2 > context:
         ap.error(f"--prompt-len + --max-new-tokens + k exceeds the models' context of {context}: lower them")

@@ -23,10 +23,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.models import load_model, load_tokenizer
 from distill.data import build_eval_dataset, build_train_dataset, check_context, generate_share
 from distill.provenance import versions
+from distill.topk_store import TopKStore, store_dir
 from distill.vocab import tokenizer_fingerprint
 
 CACHE_FORMAT = 1
@@ -46,17 +48,6 @@ class CacheMismatchError(ValueError):
 # Online teacher
 
 
-def resolve_dtype(dtype: str, device: torch.device | str | None = None) -> torch.dtype | str:
-    """A recipe dtype as `from_pretrained` takes it; "auto" means float32 on CPU (bf16 there is slow
-    and inexact) and the checkpoint's own dtype on an accelerator."""
-    if dtype == "auto":
-        on_cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
-        return torch.float32 if on_cpu else "auto"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"unknown dtype {dtype!r}: use one of float32, bfloat16, float16, auto")
-    return getattr(torch, dtype)
-
-
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """Eval mode and no gradients: the teacher is never trained."""
     model.eval()
@@ -66,20 +57,13 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 def load_target(name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None,
                 trust_remote_code: bool = False) -> PreTrainedModel:
-    """The target model, frozen, from a local directory or the Hub (`revision` pins a commit)."""
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=resolve_dtype(dtype, device),
-                                                 trust_remote_code=trust_remote_code)
-    if device is not None:
-        model.to(device)
-    return freeze(model)
+    """The target model, frozen, from any reference `distill.models` reads (`revision` pins a Hub commit)."""
+    return freeze(load_model(name_or_path, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code, what="target"))
 
 
 def load_target_tokenizer(spec: Any) -> PreTrainedTokenizerBase:
-    """The target's tokenizer from a recipe's target spec, padding with eos when it defines no pad token."""
-    tokenizer = AutoTokenizer.from_pretrained(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    """The target's tokenizer from a recipe's target spec (padding with eos when it defines no pad token)."""
+    return load_tokenizer(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code, what="target tokenizer")
 
 
 def prepare_teacher(model: PreTrainedModel, accelerator: Any) -> torch.nn.Module:
@@ -196,11 +180,14 @@ def write_cache(
     device: torch.device | str | None = None,
     process_index: int = 0,
     num_processes: int = 1,
+    kept: TopKStore | None = None,
 ) -> Path:
     """Run the frozen target once over `dataset` and write its top-k log-probs on response
     positions as safetensors shards of `shard_size` examples, plus a manifest. Resumable: finished
     shards (written atomically) are skipped. With several processes, shard i goes to process
-    i % num_processes; the caller runs `finish_cache` on the main process once all are done."""
+    i % num_processes; the caller runs `finish_cache` on the main process once all are done.
+    Examples whose response the target generated with its top-k `kept` (`distill.topk_store`) take
+    those rows as they are, with no forward pass."""
     if dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype {dtype!r} unknown: use one of {sorted(CACHE_DTYPES)}")
     cache_dir = Path(cache_dir)
@@ -237,21 +224,21 @@ def write_cache(
         for stale in cache_dir.glob(f".{SHARD_PATTERN.format(s)}.*.tmp"):
             stale.unlink()
     bar = tqdm(total=sum(min(n, (s + 1) * shard_size) - s * shard_size for s in todo), desc="caching teacher", unit="ex", disable=process_index != 0)
+    reused = 0
     for s in todo:
         lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
         positions, ids, logps, offsets = [], [], [], [0]
         for b in range(lo, hi, batch_size):
             rows = [dataset[i] for i in range(b, min(hi, b + batch_size))]
-            input_ids, attention_mask, labels = _pad_batch(rows, pad_token_id)
-            logits = teacher_logits(model, input_ids.to(device), attention_mask.to(device))
-            top_ids, top_lp = topk_logprobs(logits, top_k, vocab_size)
-            mask = response_mask(labels).to(device)
-            for i in range(len(rows)):
-                pos = mask[i].nonzero().squeeze(-1)
-                positions.append(pos.to("cpu", torch.int32))
-                ids.append(top_ids[i, pos].to("cpu", torch.int32))
-                logps.append(top_lp[i, pos].to("cpu", CACHE_DTYPES[dtype]))
+            found = [_kept_rows(kept, row, top_k) if kept is not None else None for row in rows]
+            computed = iter(_forward_rows(model, [r for r, f in zip(rows, found) if f is None], pad_token_id, top_k, vocab_size, device))
+            for f in found:
+                pos, top_ids, top_lp = f if f is not None else next(computed)
+                positions.append(pos.to(torch.int32))
+                ids.append(top_ids.to(torch.int32))
+                logps.append(top_lp.to(CACHE_DTYPES[dtype]))
                 offsets.append(offsets[-1] + len(pos))
+            reused += sum(f is not None for f in found)
             bar.update(len(rows))
         tensors = {
             "positions": torch.cat(positions),
@@ -264,7 +251,40 @@ def write_cache(
         # rerun must give the same bytes as an uninterrupted run (the manifest holds top_k and the rest).
         _atomic_save_shard(tensors, cache_dir / SHARD_PATTERN.format(s), {"shard": str(s)})
     bar.close()
+    if reused:
+        print(f"teacher cache {cache_dir}: {reused} examples took the top-k the target kept while generating (no second forward pass)", file=sys.stderr)
     return cache_dir
+
+
+def _forward_rows(model: torch.nn.Module, rows: list[dict], pad_token_id: int, top_k: int, vocab_size: int,
+                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(response positions, top-k ids, top-k log-probs) of each row, on the CPU, from one forward pass of the batch."""
+    if not rows:
+        return []
+    input_ids, attention_mask, labels = _pad_batch(rows, pad_token_id)
+    logits = teacher_logits(model, input_ids.to(device), attention_mask.to(device))
+    top_ids, top_lp = topk_logprobs(logits, top_k, vocab_size)
+    mask = response_mask(labels).to(device)
+    out = []
+    for i in range(len(rows)):
+        pos = mask[i].nonzero().squeeze(-1)
+        out.append((pos.cpu(), top_ids[i, pos].cpu(), top_lp[i, pos].cpu()))
+    return out
+
+
+def _kept_rows(kept: TopKStore, row: dict, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The row's teacher rows from the generation-time store, when its response is the kept one
+    (same prompt ids, the same tokens for as long as the row keeps them); None otherwise."""
+    labels = row["labels"]
+    start = next((t for t, label in enumerate(labels) if label != -100), None)
+    if start is None or start == 0:
+        return None
+    got = kept.get(row["input_ids"][:start], top_k)
+    response = row["input_ids"][start:]
+    if got is None or len(got[0]) < len(response) or got[0][: len(response)].tolist() != list(response):
+        return None
+    n = len(response)
+    return torch.arange(start - 1, start - 1 + n), got[1][:n], got[2][:n]
 
 
 def _file_record(path: Path) -> dict[str, Any]:
@@ -440,11 +460,14 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         "versions": versions(),
     }
     builders = {"train": build_train_dataset, "eval": build_eval_dataset}
-    generate_share(recipe.data, tokenizer, model, state, recipe.seed)  # seq-KD: every process answers its share first
+    # seq-KD: the target's greedy answers, with the top-k of every step kept (the teacher rows at those positions)
+    keep = recipe.teacher.top_k if recipe.data.response_source == "target" else None
+    generate_share(recipe.data, tokenizer, model, state, recipe.seed, keep_topk=keep)  # every process answers its share first
     out = {}
     for name, build in builders.items():
         with state.main_process_first():
-            dataset = build(recipe.data, tokenizer, target=model, seed=recipe.seed)
+            dataset = build(recipe.data, tokenizer, target=model, seed=recipe.seed, keep_topk=keep)
+        kept = TopKStore(store_dir(recipe.data.generation_cache), len(tokenizer)) if keep else None
         if dataset is None:
             continue
         where = cache_dirs(cache_dir)[name]
@@ -453,7 +476,7 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
             model, dataset, where, identity,
             top_k=recipe.teacher.top_k, pad_token_id=tokenizer.pad_token_id, batch_size=recipe.teacher.batch_size,
             shard_size=shard_size, dtype=dtype, provenance=provenance, device=state.device,
-            process_index=state.process_index, num_processes=state.num_processes,
+            process_index=state.process_index, num_processes=state.num_processes, kept=kept,
         )
         state.wait_for_everyone()
         if state.is_main_process:

@@ -11,6 +11,7 @@ from an online teacher or from the offline top-k cache written by `distill cache
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -28,8 +29,6 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -43,16 +42,18 @@ from transformers import (
 
 from distill import losses
 from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context, generate_share
+from distill.models import ModelLoadError, load_model, load_tokenizer
 from distill.recipe import check_paths, save_recipe
 from distill.teacher import (
     CachedTeacherCollator,
+    MANIFEST,
     TeacherCache,
     cache_dirs,
+    cache_teacher,
     cache_identity,
     load_target,
     load_target_tokenizer,
     prepare_teacher,
-    resolve_dtype,
     response_mask,
     teacher_logits,
     topk_logprobs,
@@ -333,9 +334,8 @@ def build_draft(spec: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Pre
         set_seed(seed)
         model = Qwen2ForCausalLM(qwen)
     else:
-        dtype = torch.float32 if spec.dtype == "auto" else resolve_dtype(spec.dtype)
-        model = AutoModelForCausalLM.from_pretrained(spec.name_or_path, revision=spec.revision, dtype=dtype,
-                                                     trust_remote_code=spec.trust_remote_code)
+        dtype = "float32" if spec.dtype == "auto" else spec.dtype
+        model = load_model(spec.name_or_path, dtype=dtype, revision=spec.revision, trust_remote_code=spec.trust_remote_code, what="draft")
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -412,9 +412,9 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     tokenizer = load_target_tokenizer(spec)
     if recipe.draft.config is None:
         try:
-            draft_tokenizer = AutoTokenizer.from_pretrained(recipe.draft.name_or_path, revision=recipe.draft.revision,
-                                                            trust_remote_code=recipe.draft.trust_remote_code)
-        except (OSError, ValueError):
+            draft_tokenizer = load_tokenizer(recipe.draft.name_or_path, revision=recipe.draft.revision,
+                                             trust_remote_code=recipe.draft.trust_remote_code, what="draft tokenizer")
+        except ModelLoadError:
             logger.warning("draft %s ships no tokenizer: assuming it uses the target's", recipe.draft.name_or_path)
         else:
             check_tokenizers_agree(tokenizer, draft_tokenizer)
@@ -534,6 +534,16 @@ def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     return out
 
 
+def _cache_finished(recipe: Any) -> bool:
+    """Whether `distill cache-teacher` finished the recipe's train cache (and its held-out one, when it has one)."""
+    dirs = cache_dirs(recipe.teacher.cache_dir)
+    wanted = [dirs["train"]] + ([dirs["eval"]] if recipe.data.eval_split is not None else [])
+    try:
+        return all(json.loads((d / MANIFEST).read_text()).get("complete") is True for d in wanted)
+    except (OSError, ValueError):
+        return False
+
+
 def _saved_step(checkpoint: Path) -> int | None:
     """The global step in `checkpoint`'s trainer_state.json, None when it is absent or torn. Trainer
     writes that file last, so a checkpoint without a whole one was cut off while saving."""
@@ -585,6 +595,12 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
     write draft/, recipe.yaml and run_info.json under output_dir. Returns the final metrics."""
     last = _check_output_dir(recipe.output_dir, resume)
     started = time.time()
+    if recipe.teacher.mode == "cache" and not _cache_finished(recipe):
+        # The whole pipeline in one command: generate (seq-KD) and cache the teacher first, as
+        # `distill cache-teacher RECIPE` does; each stage resumes where a stopped run left it.
+        logger.warning("teacher cache %s is not finished: building it first (distill cache-teacher)", recipe.teacher.cache_dir)
+        cache_teacher(recipe, recipe_path)
+        gc.collect()
     trainer = build_trainer(recipe, callbacks)
     result = trainer.train(resume_from_checkpoint=last)
     metrics = dict(result.metrics)

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 import transformers
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 import distill
 from distill.eval.report import write_outputs
+from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
 from distill.speedup import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
@@ -42,6 +43,7 @@ from distill.vocab import check_tokenizers_agree
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 JOURNAL = "records.jsonl"
+ALONE = "alone:"  # journal system of a draft decoding by itself (its own task quality)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Settings:
     num_fewshot: int = 0
     max_article_words: int | None = None
     cost_repeats: int = 20
+    draft_alone: bool = False
     output_dir: str = "eval-output"
 
     @property
@@ -84,7 +87,7 @@ class Settings:
     def fingerprint(self) -> str:
         """A hash of the settings that change a measurement (not where the output goes), and of the
         local files behind them, so a retrained draft or an edited data file is measured afresh."""
-        keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats")}
+        keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", "draft_alone")}  # alone: added calls only
         sources = [self.target, *(d.path for d in self.drafts), *self.data_files.values()]
         keyed["files"] = {src: _stamp(Path(src)) for src in sources if Path(src).exists()}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
@@ -140,14 +143,6 @@ def parse_ints(text: str, flag: str) -> list[int]:
     if not values or min(values) < 1:
         raise ValueError(f"{flag} {text!r}: every value must be an integer >= 1")
     return sorted(set(values))
-
-
-def resolve_model_path(path: str) -> str:
-    """A training output folder (`<output_dir>/draft/` inside) resolves to its draft; anything else is kept."""
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").exists() and (p / "draft" / "config.json").exists():
-        return str(p / "draft")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,15 +316,13 @@ class Journal:
 
 def _load_tokenizer(path: str, role: str) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load the {role} tokenizer from {path!r} ({err}); "
-                         "a draft folder must carry its tokenizer (training saves the target's beside it)") from err
+        return load_tokenizer(path, what=f"{role} tokenizer")
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{err} (a draft folder must carry its tokenizer: training saves the target's beside it)") from None
 
 
-def _load_model(path: str, dtype: str | torch.dtype, device: str) -> PreTrainedModel:
-    torch_dtype = dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, device_map=device).eval()
+def _load_model(path: str, dtype: str | torch.dtype, device: str, role: str) -> PreTrainedModel:
+    return load_model(path, dtype=dtype, device=device, what=role)
 
 
 def _plain_generation_config(model: PreTrainedModel, eos: list[int], pad: int) -> dict[str, Any]:
@@ -417,12 +410,12 @@ def load_examples(settings: Settings) -> dict[str, list[TaskExample]]:
 
 def _tokenizers(settings: Settings) -> tuple[PreTrainedTokenizerBase, str, dict[str, str]]:
     """The target's tokenizer (left padding) and resolved paths; every draft's tokenizer must agree with it."""
-    target_path = resolve_model_path(settings.target)
+    target_path = resolve(settings.target).path
     tokenizer = _load_tokenizer(target_path, "target")
     if not tokenizer.chat_template:
         raise ValueError(f"the target tokenizer of {settings.target!r} has no chat template; use an instruct model's tokenizer")
     tokenizer.padding_side = "left"
-    draft_paths = {d.name: resolve_model_path(d.path) for d in settings.drafts}
+    draft_paths = {d.name: resolve(d.path).path for d in settings.drafts}
     for d in settings.drafts:
         try:
             check_tokenizers_agree(tokenizer, _load_tokenizer(draft_paths[d.name], f"draft {d.name!r}"))
@@ -467,11 +460,15 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     }
 
     device = torch.device(settings.device)
-    target = _load_model(target_path, settings.dtype, settings.device)
-    drafts = {d.name: target if _same_model(draft_paths[d.name], target_path) else _load_model(draft_paths[d.name], target.dtype, settings.device)
-              for d in settings.drafts}
+    target = _load_model(target_path, settings.dtype, settings.device, "target")
+    drafts = {d.name: target if _same_model(draft_paths[d.name], target_path)
+              else _load_model(draft_paths[d.name], target.dtype, settings.device, f"draft {d.name!r}") for d in settings.drafts}
     eos, pad = _stop_ids(target, tokenizer)
     dropped = _plain_generation_config(target, eos, pad)
+    if settings.draft_alone:  # each draft decodes alone too, by the same rule as the target
+        for model in drafts.values():
+            if model is not target:
+                _plain_generation_config(model, eos, pad)
 
     k0 = settings.num_draft_tokens
     ks_all = sorted(set(settings.ks) | {k0})
@@ -493,6 +490,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         for b, idx in enumerate(_batches(examples[name], settings.batch_size)):
             in_sweep = settings.sweep_samples is None or idx[0] < settings.sweep_samples
             jobs = [("target", None)] + [(d, k) for d in drafts for k in [k0] + (sweep_ks if in_sweep else [])]
+            jobs += [(ALONE + d, None) for d in drafts] if settings.draft_alone else []
             plan += [(name, b, idx, who, k) for who, k in jobs]
 
     journal = Journal(Path(settings.output_dir) / JOURNAL, settings.fingerprint())
@@ -508,11 +506,21 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         key = f"{name}|{b}|{who}|{k}"
         if journal.get(key) is None:
             batch, seed = tensors(name, idx), settings.seed + b
-            result = (target_generate(target, batch, decoding[name], seed) if who == "target"
-                      else speculative_generate(decoders[(who, k)], batch, decoding[name], seed))
+            if who == "target" or who.startswith(ALONE):
+                result = target_generate(target if who == "target" else drafts[who[len(ALONE):]], batch, decoding[name], seed)
+            else:
+                result = speculative_generate(decoders[(who, k)], batch, decoding[name], seed)
             journal.add(key, {"task": name, "batch": b, "examples": idx, "system": who, "k": k, **result})
 
     report = build_report(settings, examples, journal.records, tokenizer, _environment(settings, device, command), draft_paths)
+    if not settings.do_sample:  # each greedy mismatch: where it starts and how close the target's choice was
+        for d, entry in report["drafts"].items():
+            for name, row in entry["tasks"].items():
+                ids = {ex.id: i for i, ex in enumerate(examples[name])}
+                base = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == "target")
+                spec = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == d and r["k"] == k0)
+                row["mismatches"] = [{"example": e, **first_difference(target, encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)}
+                                     for e in row["differing_examples"]]
     # c and v(k) at the median prompt length of this run, for the predicted speedup next to the measured one.
     prompt_len = int(statistics.median(len(r) for rows in encoded.values() for r in rows))
     prompt_len = max(1, min(prompt_len, context - max(ks_all) - 2))
@@ -522,6 +530,23 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     report["settings"].update(cost_prompt_len=prompt_len, target_generation_config_ignored=dropped)
     write_outputs(report, settings.output_dir)
     return report
+
+
+def _outputs(records: Iterable[dict]) -> dict[int, list[int]]:
+    """Example index -> the new tokens decoded for it, over journalled generate calls."""
+    return {i: row for r in records for i, row in zip(r["examples"], r["new"])}
+
+
+@torch.no_grad()
+def first_difference(target: PreTrainedModel, prompt: list[int], expected: list[int], got: list[int], device: torch.device) -> dict[str, Any]:
+    """Where a speculative output first leaves the target-only one, and the target's margin between
+    its two best logits there: a margin near 0 is a near-tie that rounding (bfloat16) can flip."""
+    position = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    ids = torch.tensor([prompt + expected[:position]], device=device)
+    top2 = target(input_ids=ids).logits[0, -1].float().topk(2)
+    return {"position": position, "target_token": expected[position] if position < len(expected) else None,
+            "speculative_token": got[position] if position < len(got) else None,
+            "target_top2_margin": float(top2.values[0] - top2.values[1])}
 
 
 def build_report(settings: Settings, examples: dict[str, list[TaskExample]], records: dict[str, dict],
@@ -535,13 +560,10 @@ def build_report(settings: Settings, examples: dict[str, list[TaskExample]], rec
             chosen = [r for r in chosen if settings.sweep_samples is None or r["examples"][0] < settings.sweep_samples]
         return sorted(chosen, key=lambda r: r["batch"])
 
-    def outputs(recs: list[dict]) -> dict[int, list[int]]:
-        return {i: row for r in recs for i, row in zip(r["examples"], r["new"])}
-
     target_only, base_tokens = {}, {}
     for name in settings.tasks:
         recs = select(name, "target", None)
-        tokens = outputs(recs)
+        tokens = _outputs(recs)
         base_tokens[name] = tokens
         texts = [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(len(examples[name]))]
         target_only[name] = {**_quality(get_task(name), texts, examples[name]), **_timing(recs), "num_prompts": len(examples[name])}
@@ -551,7 +573,7 @@ def build_report(settings: Settings, examples: dict[str, list[TaskExample]], rec
         tasks = {}
         for name in settings.tasks:
             recs = select(name, d.name, k0)
-            tokens = outputs(recs)
+            tokens = _outputs(recs)
             n = len(examples[name])
             texts = [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(n)]
             same = [tokens[i] == base_tokens[name][i] for i in range(n)]
@@ -571,6 +593,12 @@ def build_report(settings: Settings, examples: dict[str, list[TaskExample]], rec
                 "differing_examples": [examples[name][i].id for i in range(n) if not same[i]],
                 "num_prompts": n,
             }
+            if settings.draft_alone:
+                alone = select(name, ALONE + d.name, None)
+                alone_tokens = _outputs(alone)
+                alone_quality = _quality(get_task(name), [tokenizer.decode(alone_tokens[i], skip_special_tokens=True) for i in range(n)], examples[name])
+                tasks[name].update(draft_alone_quality=alone_quality["quality"], draft_alone_metrics=alone_quality["metrics"],
+                                   draft_alone_tokens_per_s=_timing(alone)["tokens_per_s"])
         pooled = [r for r in records.values() if r["system"] == d.name and r["k"] == k0]
         sweep = []
         for k in sorted(set(settings.ks) | {k0}):
@@ -637,6 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-fewshot", type=int, default=0, help="MMLU shots from the same subject")
     ap.add_argument("--max-article-words", type=int, help="cut CNN/DailyMail articles to this many words (task default 512)")
     ap.add_argument("--cost-repeats", type=int, default=20, help="timed repeats per measurement of c and v(k)")
+    ap.add_argument("--draft-alone", action="store_true", help="also decode with each draft alone and report its own task quality")
     ap.add_argument("--output-dir", default="eval-output", help="report.json, report.md, PNG plots and the resume journal")
     return ap
 
@@ -653,7 +682,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         num_samples=args.num_samples, seed=args.seed, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
         ks=parse_ints(args.ks, "--ks") if args.ks else [], sweep_samples=args.sweep_samples, schedule=args.schedule,
         temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size, dtype=args.dtype, device=args.device,
-        num_fewshot=args.num_fewshot, max_article_words=args.max_article_words, cost_repeats=args.cost_repeats,
+        num_fewshot=args.num_fewshot, max_article_words=args.max_article_words, cost_repeats=args.cost_repeats, draft_alone=args.draft_alone,
         output_dir=args.output_dir,
     )
 

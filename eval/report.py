@@ -123,19 +123,23 @@ def markdown(report: dict[str, Any]) -> str:
             f"max {st['max_new_tokens_per_task'][task]} new tokens)",
             "",
             "| system | quality | greedy identity | acceptance | mean accepted length | tokens / target forward "
-            "| TTFT ms | TPOT ms | tokens/s | speedup | predicted |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            f"| target only | {base['quality']:.3f} | – | – | – | 1.00 | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
-            f"| {base['tokens_per_s']:.1f} | 1.00× | – |",
+            "| per position | TTFT ms | TPOT ms | tokens/s | speedup | predicted | draft alone |",
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+            f"| target only | {base['quality']:.3f} | – | – | – | 1.00 | – | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
+            f"| {base['tokens_per_s']:.1f} | 1.00× | – | – |",
         ]
         for name, entry in report["drafts"].items():
             r = entry["tasks"][task]
             lines.append(
                 f"| {name} | {r['quality']:.3f} | {_f(r['greedy_identity'], '.1%')} | {r['acceptance_rate']:.1%} "
-                f"| {r['mean_accepted_length']:.2f} | {r['tokens_per_target_forward']:.2f} | {r['ttft_s'] * 1e3:.1f} "
+                f"| {r['mean_accepted_length']:.2f} | {r['tokens_per_target_forward']:.2f} "
+                f"| {' / '.join(format(p, '.2f') for p in r['per_position_acceptance'])} | {r['ttft_s'] * 1e3:.1f} "
                 f"| {r['tpot_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× "
-                f"| {_f(r.get('predicted_speedup'), '.2f')}× |"
+                f"| {_f(r.get('predicted_speedup'), '.2f')}× | {_f(r.get('draft_alone_quality'), '.3f')} |"
             )
+            for m in r.get("mismatches") or []:
+                lines.append(f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
+                             f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||")
     lines += ["", "## Speedup vs k (all tasks pooled)", ""]
     k0 = st["num_draft_tokens"]
     for name, entry in report["drafts"].items():

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from distill.docs import markdown_table, write_section
+from distill.models import load_model, load_tokenizer
 from distill.speculative import SpeculativeDecoder
 
 
@@ -149,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         target_path, draft_path, prompt_path = demo_pair(Path(args.demo_dir))
     prompt_path = Path(args.prompts) if args.prompts else prompt_path
     dtype = getattr(torch, args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).to(args.device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(args.device).eval()
+    tokenizer = load_tokenizer(target_path)
+    target = load_model(target_path, dtype=dtype, device=args.device)
+    draft = load_model(draft_path, dtype=dtype, device=args.device)
     prompts = load_prompts(prompt_path, tokenizer, args.num_prompts)
     rows = bench(target, draft, tokenizer, prompts, args.batch_sizes, args.num_draft_tokens, args.max_new_tokens,
                  args.modes, args.backend, args.temperature, args.repeats, args.device)

@@ -15,9 +15,9 @@ import time
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.docs import markdown_table, write_section
+from distill.models import load_model, load_tokenizer
 from distill.speculative import SpeculativeDecoder
 from distill.tiny import make_examples, random_pair
 
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = getattr(torch, args.dtype)
     if args.target:
-        tok = AutoTokenizer.from_pretrained(args.target)
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).to(args.device).eval()
+        tok = load_tokenizer(args.target)
+        target = load_model(args.target, dtype=dtype, device=args.device)
+        draft = load_model(args.draft, dtype=dtype, device=args.device)
     else:
         target, draft, tok = default_pair()
         target, draft = target.to(args.device, dtype), draft.to(args.device, dtype)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import DOCS, GSM8K_DIR, REPO, chat_prompts, gsm8k_pair, read_jsonl, report  # noqa: E402
@@ -36,6 +36,7 @@ from bench_train import DOCS, GSM8K_DIR, REPO, chat_prompts, gsm8k_pair, read_js
 from distill.data import generate_responses, load_examples  # noqa: E402
 from distill.demo import measure  # noqa: E402
 from distill.docs import markdown_table  # noqa: E402
+from distill.models import load_model  # noqa: E402
 from distill.recipe import load_recipe  # noqa: E402
 from distill.speculative import SpeculativeDecoder  # noqa: E402
 from distill.train import build_trainer, train  # noqa: E402
@@ -163,7 +164,7 @@ def run_recipe(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTr
     wall, cpu = time.perf_counter(), time.process_time()
     train(load_recipe(recipe))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    draft = load_model(out / "draft", dtype=torch.float32)
     greedy = measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens)
     sample = sampled(target, draft, tokenizer, prompts, args.k, args.max_new_tokens, args.temperature, args.seed)
     test_file = str(Path(args.gsm8k_dir).resolve() / "test.jsonl")

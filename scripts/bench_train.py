@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from distill.demo import measure
 from distill.docs import markdown_table, write_section
+from distill.models import load_model, load_tokenizer
 from distill.prepare_tiny import DEFAULTS as TINY_DEFAULTS
 from distill.prepare_tiny import prepare, saved_tokenizer, train_target
 from distill.recipe import load_recipe
@@ -103,7 +104,7 @@ def train_and_measure(recipe: dict[str, Any], target: torch.nn.Module, tokenizer
         shutil.rmtree(out)
     seen = TokensSeen()
     metrics = train(load_recipe(recipe), callbacks=[seen])
-    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    draft = load_model(out / "draft", dtype=torch.float32)
     result = measure(target, draft, tokenizer, prompts, k, max_new_tokens)
     result["steps"] = recipe["training"]["max_steps"]
     result["eval_expected_acceptance"] = metrics.get("eval_expected_acceptance", float("nan"))
@@ -154,8 +155,8 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     base = base_recipe()
     base["target"]["name_or_path"] = str(work / "target")
     base["data"].update(dataset=str(work / "train.jsonl"), eval_split=str(work / "eval.jsonl"))
-    tokenizer = AutoTokenizer.from_pretrained(work / "target")
-    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(work / "target")
+    target = load_model(work / "target", dtype=torch.float32)
     prompts = chat_prompts(tokenizer, [r["prompt"] for r in read_jsonl(work / "eval.jsonl", args.prompts)])
     results = {name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
                for name, recipe in objective_recipes(base, work, args.steps).items()}
@@ -211,8 +212,8 @@ def gsm8k_pair(args: argparse.Namespace) -> tuple[torch.nn.Module, PreTrainedTok
     settings = {**TINY_DEFAULTS, "vocab_size": args.vocab_size, "steps": args.target_steps, "max_position_embeddings": 1024, "rows": len(rows)}
     settings.pop("train_examples"), settings.pop("eval_examples")
     target_dir = gsm8k_target(rows, work, settings)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(target_dir)
+    target = load_model(target_dir, dtype=torch.float32)
     base = base_recipe()
     base["target"]["name_or_path"] = str(target_dir)
     base["draft"]["config"]["vocab_size"] = len(tokenizer) + 8
@@ -258,8 +259,9 @@ def run_trl_trainer(target_dir: Path, draft_config: dict[str, Any], rows: list[d
     from transformers import Qwen2Config, Qwen2ForCausalLM, set_seed
     from trl import DistillationConfig, DistillationTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(target_dir, padding_side="left")
-    teacher = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    tokenizer = load_tokenizer(target_dir)
+    tokenizer.padding_side = "left"
+    teacher = load_model(target_dir, dtype=torch.float32)
     config = Qwen2Config(**{**draft_config, "vocab_size": teacher.config.vocab_size})
     config.eos_token_id, config.pad_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
     set_seed(seed)
@@ -290,8 +292,8 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     recipe["data"].update(dataset=str(work / "train.jsonl"), eval_split=str(work / "eval.jsonl"))
     recipe["output_dir"] = str(work / "bench-trl" / "ours")
     recipe["training"].update(max_steps=args.steps, eval_steps=args.steps, save_steps=10 * args.steps)
-    tokenizer = AutoTokenizer.from_pretrained(work / "target")
-    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(work / "target")
+    target = load_model(work / "target", dtype=torch.float32)
     prompts = chat_prompts(tokenizer, [r["prompt"] for r in read_jsonl(work / "eval.jsonl", args.prompts)])
     ours = train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
     rows = [row(f"distill (forward KL, dataset responses, {recipe['draft']['config']['vocab_size']}-row draft)", ours)]
@@ -301,7 +303,7 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     try:
         trl_run = run_trl_trainer(work / "target", recipe["draft"]["config"], read_jsonl(work / "train.jsonl"),
                                   recipe["training"], trl_out, recipe["seed"], args.trl_completion_length)
-        draft = AutoModelForCausalLM.from_pretrained(trl_out / "draft", dtype=torch.float32).eval()
+        draft = load_model(trl_out / "draft", dtype=torch.float32)
         trl_result = {**measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens), **trl_run,
                       "steps": args.steps, "eval_expected_acceptance": float("nan")}
         rows.append(row(f"trl.DistillationTrainer (defaults, β = {trl_run['beta']}, {target.config.vocab_size}-row draft)", trl_result))

@@ -90,7 +90,7 @@ def _args(root: Path, files: dict[str, str], out: Path, *extra: str) -> list[str
 def greedy_run(setup):
     root, files = setup
     out = root / "greedy"
-    rc = main(_args(root, files, out, "--ks", "1"))
+    rc = main(_args(root, files, out, "--ks", "1", "--draft-alone"))
     return rc, out, json.loads((out / "report.json").read_text())
 
 
@@ -116,8 +116,38 @@ def test_greedy_speculative_output_is_the_target_output(greedy_run):
             assert row["greedy_identity"] == 1.0, (name, task, row["differing_examples"])
             assert row["quality"] == row["target_quality"] == report["target_only"][task]["quality"]
             assert row["metrics"] == report["target_only"][task]["metrics"]
-            assert row["quality_metric"] == {"gsm8k": "exact_match_flexible", "mmlu": "accuracy", "cnndm": "rougeL"}[task]
+            assert row["quality_metric"] == {"gsm8k": "exact_match", "mmlu": "accuracy", "cnndm": "rougeL"}[task]
+            assert row["mismatches"] == []
     assert report["target_only"]["cnndm"]["quality"] >= 0.5  # the target's own summary scores ROUGE-L 1
+
+
+def test_each_draft_alone_is_scored_on_the_task(greedy_run):
+    """--draft-alone: each draft also decodes by itself; the target as its own draft scores what the target scores."""
+    _, out, report = greedy_run
+    for task, row in report["drafts"]["self"]["tasks"].items():
+        assert row["draft_alone_quality"] == report["target_only"][task]["quality"]
+        assert row["draft_alone_metrics"] == report["target_only"][task]["metrics"]
+    assert all("draft_alone_quality" in row and row["draft_alone_tokens_per_s"] > 0 for row in report["drafts"]["small"]["tasks"].values())
+    assert "| draft alone |" in (out / "report.md").read_text()
+
+
+def test_a_mismatch_is_located_with_the_targets_margin(setup, tokenizer):
+    """Where a speculative output leaves the target's, the report names the position and the target's
+    top-2 logit margin there (near 0: a near-tie that rounding can flip)."""
+    from distill.eval.acceptance import first_difference
+    from distill.models import load_model
+
+    root, _ = setup
+    target = load_model(root / "target", dtype="float32")
+    prompt = tokenizer("anna has 3 apples .")["input_ids"]
+    expected = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(prompt):].tolist()
+    got = expected[:3] + [(expected[3] + 1) % len(tokenizer)] + expected[4:]
+    found = first_difference(target, prompt, expected, got, torch.device("cpu"))
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([prompt + expected[:3]])).logits[0, -1].topk(2).values
+    assert found == {"position": 3, "target_token": expected[3], "speculative_token": got[3],
+                     "target_top2_margin": pytest.approx(float(logits[0] - logits[1]))}
+    assert first_difference(target, prompt, expected, expected[:4], torch.device("cpu"))["position"] == 4  # one stopped early
 
 
 def test_self_draft_is_always_accepted_and_small_draft_is_not(greedy_run):

@@ -356,7 +356,11 @@ def test_build_train_dataset_needs_responses_or_the_target(tmp_path, tokenizer, 
     generated = load_examples(str(tmp_path / "gen.jsonl"), adapter="messages")
     by_prompt = {g["messages"][0]["content"]: g["response"] for g in generated}
     assert len(ds) == 5
-    assert response_text(tok, ds[0]) == by_prompt[examples[0]["prompt"]] + "<|im_end|>"
+    # The response is the target's own tokens, as generated: cut at 6 tokens, so no EOS is appended after them.
+    records = {json.loads(line)["messages"][0]["content"]: json.loads(line) for line in (tmp_path / "gen.jsonl").read_text().splitlines()}
+    first = records[examples[0]["prompt"]]["response_ids"]
+    assert [t for t in ds[0]["labels"] if t != -100] == first and len(first) <= 6
+    assert response_text(tok, ds[0]) == by_prompt[examples[0]["prompt"]] + ("<|im_end|>" if first[-1] == tok.eos_token_id else "")
 
 
 def test_build_eval_dataset_from_a_local_file(tmp_path, tokenizer, examples):

@@ -152,7 +152,10 @@ def test_save_and_load_round_trip_atomically(tmp_path):
 def test_every_shipped_recipe_loads(path):
     r = load_recipe(path)
     assert r.training.max_steps > 0
-    if path.name.startswith("qwen2.5"):
+    if path.name.startswith("qwen2.5-coder"):  # the real CPU pair: distilled on GSM8K train, never test
+        assert r.target.name_or_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and r.draft.name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+        assert r.data.split == "train" and r.data.prompt_template == "gsm8k" and "tokens/s" in path.read_text()
+    elif path.name.startswith("qwen2.5"):
         assert r.target.name_or_path == "Qwen/Qwen2.5-7B-Instruct" and r.target.dtype == "bfloat16"
         assert r.draft.name_or_path.startswith("Qwen/Qwen2.5-") and r.training.bf16
         text = path.read_text()

@@ -94,16 +94,34 @@ def test_gsm8k_strict_and_flexible_extraction(text, strict, flexible):
     assert gsm8k.extract_flexible(text) == flexible
 
 
-def test_gsm8k_scores_report_both_extractions_with_flexible_primary():
+def test_gsm8k_scores_report_every_extraction_with_the_combined_one_primary():
     gold = example("1000")
-    both = {"exact_match_flexible": 1.0, "exact_match_strict": 1.0}
-    assert gsm8k.scores("So she pays $1,000.\n#### 1,000", gold) == both
-    assert gsm8k.scores("She pays $1,000.", gold) == {"exact_match_flexible": 1.0, "exact_match_strict": 0.0}
-    assert gsm8k.scores("#### 1000 wait, no: 999", gold) == {"exact_match_flexible": 0.0, "exact_match_strict": 1.0}
-    assert gsm8k.scores("I don't know.", gold) == {"exact_match_flexible": 0.0, "exact_match_strict": 0.0}
+    all_ = {"exact_match": 1.0, "exact_match_flexible": 1.0, "exact_match_strict": 1.0}
+    assert gsm8k.scores("So she pays $1,000.\n#### 1,000", gold) == all_
+    assert gsm8k.scores("She pays $1,000.", gold) == {"exact_match": 1.0, "exact_match_flexible": 1.0, "exact_match_strict": 0.0}
+    # `#### N` wins over what follows it; the flexible extraction alone takes the last number.
+    assert gsm8k.scores("#### 1000 wait, no: 999", gold) == {"exact_match": 1.0, "exact_match_flexible": 0.0, "exact_match_strict": 1.0}
+    assert gsm8k.scores("I don't know.", gold) == {"exact_match": 0.0, "exact_match_flexible": 0.0, "exact_match_strict": 0.0}
     assert gsm8k.score("She pays $1,000.", gold) == 1.0
     assert gsm8k.scores("#### -3", example("-3"))["exact_match_strict"] == 1.0
-    assert gsm8k.scores("It is 2.5 now.", example("2")) == {"exact_match_flexible": 0.0, "exact_match_strict": 0.0}
+    assert gsm8k.scores("It is 2.5 now.", example("2")) == {"exact_match": 0.0, "exact_match_flexible": 0.0, "exact_match_strict": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("Therefore, their combined weight is \\(\\boxed{623}\\) pounds, 2 more than 621.", "623"),  # boxed beats a later number
+        ("\\[\n\\boxed{3,000 \\text{ dollars}}\n\\]", "3000"),
+        ("First \\boxed{4}, then corrected: \\boxed{5}.", "5"),
+        ("#### 18.00", "18"),
+        ("The answer is 12.0", "12"),
+        ("#### 7\nso \\boxed{8}", "7"),
+        ("no number at all", None),
+    ],
+)
+def test_gsm8k_primary_extraction_reads_the_forms_instruct_models_write(text, answer):
+    assert gsm8k.extract_answer(text) == answer
+    assert gsm8k.score(text, example("623")) == float(answer == "623")
 
 
 def test_gsm8k_loads_a_local_file_as_chat_prompts(tmp_path):
@@ -297,7 +315,7 @@ def test_registry_holds_the_three_tasks_with_their_defaults():
     assert get_task("gsm8k") is gsm8k.TASK
     tasks = [get_task(name) for name in ("gsm8k", "mmlu", "cnndm")]
     assert [(t.metric_name, t.default_num_samples, t.max_new_tokens) for t in tasks] == [
-        ("exact_match_flexible", 300, 256),
+        ("exact_match", 300, 256),
         ("accuracy", 500, 16),
         ("rougeL", 200, 128),
     ]

@@ -214,7 +214,7 @@ def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_
 def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_cache(tiny_dir, saved_tokenizer, tmp_path):
     """`distill cache-teacher` in 2 CPU processes (torchrun, gloo): each process answers
     its share of the prompts (no process waits on one doing them all), and the merged generation cache
-    and teacher cache equal a single-process run's."""
+    and teacher cache equal a single-process run's (the teacher rows up to the float noise of other batches)."""
     import os
     import socket
     import subprocess
@@ -247,7 +247,10 @@ def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_
     for split in ("train", "eval"):
         one, two = TeacherCache(root1 / "cache" / split), TeacherCache(root2 / "cache" / split)
         assert one.manifest["num_examples"] == two.manifest["num_examples"]
-        assert all(torch.equal(a, b) for i in range(one.manifest["num_examples"]) for a, b in zip(one.example(i), two.example(i)))
+        for i in range(one.manifest["num_examples"]):  # the rows kept while generating: batches differ, so float noise only
+            (pos1, ids1, lp1), (pos2, ids2, lp2) = one.example(i), two.example(i)
+            assert torch.equal(pos1, pos2) and torch.equal(ids1[:, 0], ids2[:, 0])
+            torch.testing.assert_close(lp1, lp2, atol=1e-5, rtol=0)
 
 
 def test_under_zero3_seq_kd_reads_a_finished_generation_cache_or_says_to_make_one(tiny_dir, saved_tokenizer, tmp_path, monkeypatch):
@@ -267,3 +270,40 @@ def test_under_zero3_seq_kd_reads_a_finished_generation_cache_or_says_to_make_on
     generate_responses(target, saved_tokenizer, examples, 6, tmp_path / "gens.jsonl", max_prompt_length=recipe.data.max_prompt_length)
     trainer = train_module.build_trainer(recipe)
     assert len(trainer.train_dataset) == 10
+
+
+def test_seq_kd_caching_keeps_the_generation_logits_instead_of_a_second_pass(tiny_dir, saved_tokenizer, tmp_path, monkeypatch):
+    """`distill cache-teacher` with target responses keeps the target's top-k of every greedy step
+    while it generates: the cache then runs no forward pass over the responses, and holds what that
+    pass would have given (positions exactly, log-probs up to float noise)."""
+    import distill.teacher as teacher
+    from distill.data import generate_responses, load_examples
+    from distill.topk_store import TopKStore, store_dir
+
+    gens = tmp_path / "generations.jsonl"
+    d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"cache_dir": str(tmp_path / "cache"), "top_k": TOP_K},
+                    data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 12})
+    recipe = load_recipe(d)
+    forwards = []
+    real = teacher.teacher_logits
+    monkeypatch.setattr(teacher, "teacher_logits", lambda *a, **k: forwards.append(1) or real(*a, **k))
+    teacher.cache_teacher(recipe)
+    assert forwards == []  # every row came from the generation
+    records = [json.loads(line) for line in gens.read_text().splitlines()]
+    assert all(r["response_ids"] for r in records) and len(TopKStore(store_dir(gens), len(saved_tokenizer))) == len(records)
+
+    target = teacher.load_target(str(tiny_dir / "target"))
+    dataset = build_train_dataset(recipe.data, saved_tokenizer, target=target)
+    again = write_cache(target, dataset, tmp_path / "forward", cache_identity("t", None, saved_tokenizer, dataset),
+                        top_k=TOP_K, pad_token_id=saved_tokenizer.pad_token_id)
+    finish_cache(again)
+    kept, forward = TeacherCache(cache_dirs(tmp_path / "cache")["train"]), TeacherCache(again)
+    for i in range(len(dataset)):
+        (pos1, ids1, lp1), (pos2, ids2, lp2) = kept.example(i), forward.example(i)
+        assert torch.equal(pos1, pos2) and len(pos1) > 0
+        assert torch.equal(ids1[:, 0], ids2[:, 0])  # greedy: the kept top-1 is the token the target chose next
+        torch.testing.assert_close(lp1, lp2, atol=1e-4, rtol=0)
+    # A cache generated without the top-k (or for another prompt) falls back to the forward pass, row by row.
+    examples = load_examples(str(tiny_dir / "train.jsonl"))[:3]
+    generate_responses(target, saved_tokenizer, examples, 12, tmp_path / "plain.jsonl", max_prompt_length=recipe.data.max_prompt_length)
+    assert not store_dir(tmp_path / "plain.jsonl").exists()

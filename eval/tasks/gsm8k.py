@@ -1,9 +1,11 @@
-"""GSM8K: grade-school maths, scored by exact match on the final number as lm-eval-harness does.
+"""GSM8K: grade-school maths, scored by exact match on the final number.
 
-Two extractions run on every prediction, as in lm-eval-harness's gsm8k task: "strict" takes the
-number after the first `#### `, "flexible" takes the last number-like span in the text. Both
-are normalised the same way (commas, `$` and one trailing `.` removed) and compared to the gold
-number as strings. Flexible is the primary metric.
+lm-eval-harness's two extractions run on every prediction: "strict" takes the number after the
+first `#### `, "flexible" takes the last number-like span in the text. Instruct models often box
+their answer instead (`\\boxed{623}`), so the primary metric, `exact_match`, takes the first of:
+the `#### ` number, else the last boxed number, else the flexible one (and reads 18.00 as 18).
+Every extraction is normalised the same way (commas, `$` and one trailing `.` removed) and
+compared to the gold number as strings.
 """
 
 from __future__ import annotations
@@ -11,23 +13,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from distill import prompts
+
 from .base import Task, TaskExample, load_rows, sample_indices
 
 HUB_ID = "openai/gsm8k"
 HUB_CONFIG = "main"
 DEFAULT_NUM_SAMPLES = 300
 MAX_NEW_TOKENS = 256
-METRIC_NAME = "exact_match_flexible"
+METRIC_NAME = "exact_match"
 
 # lm-eval-harness gsm8k.yaml, filter_list: "strict-match" (first match) and "flexible-extract"
 # (group_select -1: the last match, first non-empty group).
 STRICT_PATTERN = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE_PATTERN = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+# \boxed{...} with at most one level of nested braces (\boxed{12 \text{ dollars}}).
+BOXED_PATTERN = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 
-PROMPT = (
-    "Solve the following math problem step by step. Write the final answer as a plain number "
-    'on the last line, in the form "#### <number>".\n\nQuestion: {question}'
-)
+PROMPT = prompts.GSM8K
 
 
 def normalize_number(text: str) -> str:
@@ -47,6 +50,22 @@ def extract_flexible(text: str) -> str | None:
     if not matches:
         return None
     return normalize_number(next(group for group in matches[-1] if group))
+
+
+def extract_boxed(text: str) -> str | None:
+    """The normalised last number inside the last `\\boxed{...}`, or None when there is none."""
+    boxes = BOXED_PATTERN.findall(text)
+    return extract_flexible(boxes[-1]) if boxes else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The answer the primary metric scores: `#### N`, else the last boxed number, else the last
+    number in the text; a zero decimal part dropped (18.00 -> 18)."""
+    for extract in (extract_strict, extract_boxed, extract_flexible):
+        found = extract(text)
+        if found is not None:
+            return re.sub(r"\.0+$", "", found)
+    return None
 
 
 def load(
@@ -82,15 +101,16 @@ def load(
 
 
 def scores(prediction: str, example: TaskExample) -> dict[str, float]:
-    """Exact match of the flexible and the strict extraction against the gold number."""
+    """Exact match of the primary (strict, boxed, flexible), the flexible and the strict extraction against the gold number."""
     return {
+        "exact_match": float(extract_answer(prediction) == example.reference),
         "exact_match_flexible": float(extract_flexible(prediction) == example.reference),
         "exact_match_strict": float(extract_strict(prediction) == example.reference),
     }
 
 
 def score(prediction: str, example: TaskExample) -> float:
-    """Flexible-extraction exact match (the primary GSM8K metric)."""
+    """Exact match of `extract_answer` (the primary GSM8K metric)."""
     return scores(prediction, example)[METRIC_NAME]
 
 

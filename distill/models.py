@@ -1,0 +1,286 @@
+"""One loader for every model, tokenizer and config the toolkit reads.
+
+A reference is a Hub id, a Hugging Face folder, a training output folder (its `draft/` is
+loaded) or a `.gguf` file (llama.cpp weights, dequantised on load; needs the `gguf` extra).
+What cannot be loaded (a missing path, a torn safetensors file, a config that is not JSON, a
+truncated GGUF) is a `ModelLoadError`: one line naming the file and what is wrong, which the
+commands print with exit status 2. `distill convert-gguf FILE.gguf OUT/` turns a GGUF into a
+folder that `AutoModelForCausalLM.from_pretrained` loads in seconds.
+
+Nothing heavy is imported at module level, so a command's `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+GGUF_MAGIC = b"GGUF"
+GGUF_EXTRA = "pip install 'distill[gguf]' (or: pip install gguf)"
+# Qwen2.5-Instruct's stop and pad ids: a GGUF carries them in its metadata; a converted folder writes them explicitly.
+QWEN_EOS, QWEN_PAD = 151645, 151643
+CONFIG_FILES = ("config.json", "adapter_config.json")
+T = TypeVar("T")
+
+
+class ModelLoadError(ValueError):
+    """A model, tokenizer or config that cannot be loaded; the message names the file and the fix."""
+
+
+def looks_local(name: str) -> bool:
+    """A path rather than a Hub id ("namespace/name"): absolute, relative with ./ ../ or ~, deeper
+    than one slash, or a file suffix (.gguf, .jsonl, ...)."""
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1
+            or Path(name).suffix.lower() in (".gguf", ".jsonl", ".json", ".parquet", ".safetensors", ".bin"))
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a reference points: `kind` is "hub", "folder" or "gguf"; `path` the Hub id, the folder or the .gguf file."""
+
+    ref: str
+    kind: str
+    path: str
+
+    @property
+    def location(self) -> str:
+        """What `from_pretrained` takes first: the id, the folder, or the folder holding the GGUF."""
+        return str(Path(self.path).parent) if self.kind == "gguf" else self.path
+
+    def kwargs(self, revision: str | None = None) -> dict[str, Any]:
+        """The extra `from_pretrained` arguments: the GGUF file name, or the Hub revision."""
+        if self.kind == "gguf":
+            return {"gguf_file": Path(self.path).name}
+        return {"revision": revision} if self.kind == "hub" and revision else {}
+
+
+def resolve(ref: str | os.PathLike) -> ModelSource:
+    """Classify `ref`; a training output folder resolves to its `draft/`. A local-looking path that
+    does not exist, a folder with no model in it or a GGUF without its magic bytes is refused here,
+    before anything loads (a missing folder would otherwise reach the Hub client as a bad repo id)."""
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"{text}: no such GGUF file; fetch it (e.g. ../shared/tools/fetch-real-qwen) or fix the path")
+        _check_gguf_magic(path)
+        return ModelSource(text, "gguf", str(path))
+    if path.is_dir():
+        if any((path / f).is_file() for f in CONFIG_FILES):
+            return ModelSource(text, "folder", str(path))
+        if any((path / "draft" / f).is_file() for f in CONFIG_FILES):
+            return ModelSource(text, "folder", str(path / "draft"))
+        raise ModelLoadError(f"{text}: the folder holds no model (no config.json, adapter_config.json or draft/ with one); "
+                             "point at a model folder, a training output_dir or a .gguf file")
+    if path.is_file():
+        raise ModelLoadError(f"{text}: is a file, not a model folder, a Hub id or a .gguf file")
+    if looks_local(text):
+        raise ModelLoadError(f"{text}: no such file or folder (relative paths are read from {os.getcwd()}); fix the path")
+    return ModelSource(text, "hub", text)
+
+
+def _check_gguf_magic(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r}); fetch it again or fix the path")
+
+
+def _require_gguf() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelLoadError(f"reading .gguf files needs the gguf package: {GGUF_EXTRA}") from None
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _guarded(source: ModelSource, what: str, load: Callable[[], T]) -> T:
+    """Run `load`, turning what a broken or missing file raises into one ModelLoadError line."""
+    from safetensors import SafetensorError
+
+    if source.kind == "gguf":
+        _require_gguf()
+    try:
+        return load()
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, SafetensorError, KeyError, IndexError, EOFError, struct.error) as err:
+        message = _one_line(err)
+        if source.kind == "gguf":
+            unsupported = "is not supported" in message
+            hint = "this architecture cannot be dequantised by transformers" if unsupported else "the file may be truncated or corrupt: fetch it again"
+            raise ModelLoadError(f"{source.path}: cannot read the {what} from this GGUF ({message}); {hint}") from None
+        if source.kind == "hub":
+            raise ModelLoadError(f"{source.ref}: cannot load the {what} (not a local path, and the Hub gave: {message})") from None
+        raise ModelLoadError(f"{source.path}: cannot load the {what} ({message}); check the folder's files or rewrite them") from None
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype | str:
+    """A dtype name as `from_pretrained` takes it; "auto" means float32 on CPU (bf16 there is inexact)
+    and the checkpoint's own dtype on an accelerator; None means the checkpoint's own dtype everywhere."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return "auto"
+    if dtype == "auto":
+        on_cpu = torch.device(device).type == "cpu" if device is not None else not torch.cuda.is_available()
+        return torch.float32 if on_cpu else "auto"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype {dtype!r}: use one of float32, bfloat16, float16, auto")
+    return getattr(torch, dtype)
+
+
+def _plain(model: PreTrainedModel, source: ModelSource) -> PreTrainedModel:
+    """A GGUF-loaded model as an ordinary one: dequantised weights already, so drop the quantizer
+    that makes `save_pretrained` refuse it ("quantized with gguf and is not serializable")."""
+    if source.kind == "gguf":
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config._name_or_path = source.path
+    return model
+
+
+def load_model(ref: str | os.PathLike, *, dtype: str | torch.dtype | None = "auto", device: torch.device | str | None = None,
+               revision: str | None = None, trust_remote_code: bool = False, what: str = "model") -> PreTrainedModel:
+    """A causal LM from any reference (see `resolve`), in `dtype`, on `device`, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve(ref)
+    torch_dtype = resolve_dtype(dtype, device)
+
+    placement = {"device_map": str(device)} if device is not None else {}
+
+    def load() -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                    **placement, **source.kwargs(revision))
+
+    return _plain(_guarded(source, what, load), source).eval()
+
+
+def load_tokenizer(ref: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False,
+                   what: str = "tokenizer") -> PreTrainedTokenizerBase:
+    """The tokenizer of any reference, padding with EOS when it defines no pad token."""
+    from transformers import AutoTokenizer
+
+    source = resolve(ref)
+    tokenizer = _guarded(source, what, lambda: AutoTokenizer.from_pretrained(
+        source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_config(ref: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The model config of any reference (a GGUF's is read from its metadata)."""
+    from transformers import AutoConfig
+
+    source = resolve(ref)
+    return _guarded(source, "config", lambda: AutoConfig.from_pretrained(
+        source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
+
+
+def share_permissions(folder: str | os.PathLike) -> None:
+    """Give `folder` and everything in it the modes a new file gets (0755 / 0644 under the usual umask):
+    temp folders and transformers' temp-file-and-rename saves leave 0700 / 0600, unreadable to others."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+# --------------------------------------------------------------------------------------------
+# `distill convert-gguf FILE.gguf OUT/`
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, dtype: str = "float32") -> Path:
+    """Dequantise `gguf_file` once into the HF folder `out` (safetensors, tokenizer with its chat
+    template, generation config with Qwen's eos/pad), checked by reloading it and comparing logits.
+    The folder is built beside `out` and renamed into place, so `out` is whole or absent."""
+    import torch
+    from transformers import GenerationConfig
+
+    if dtype not in ("float32", "bfloat16"):
+        raise ModelLoadError(f"--dtype {dtype!r}: choose float32 (exact dequantised weights) or bfloat16 (half the disk)")
+    out = Path(out)
+    if out.exists():
+        raise ModelLoadError(f"{out}: already exists; remove it or choose another OUT folder")
+    source = resolve(gguf_file)
+    if source.kind != "gguf":
+        raise ModelLoadError(f"{gguf_file}: not a .gguf file")
+    started = time.time()
+    tokenizer = load_tokenizer(source.path)
+    model = load_model(source.path, dtype=dtype, device="cpu")
+    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
+    pad = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else tokenizer.pad_token_id
+    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        ids = torch.arange(min(16, len(tokenizer))).unsqueeze(0)
+        with torch.no_grad():
+            want = model(input_ids=ids).logits
+            have = load_model(tmp, dtype=dtype, device="cpu")(input_ids=ids).logits
+        if not torch.equal(want, have):
+            raise ModelLoadError(f"{tmp}: the written weights give other logits than the GGUF (max |diff| {(want - have).abs().max():.3g}); nothing was written")
+        info = {"source": str(Path(source.path).resolve()), "source_bytes": Path(source.path).stat().st_size,
+                "source_sha256": _sha256(Path(source.path)), "dtype": dtype, "seconds": round(time.time() - started, 1)}
+        (tmp / "conversion.json").write_text(json.dumps(info, indent=2) + "\n")
+        share_permissions(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`distill convert-gguf FILE.gguf OUT/ [--dtype float32|bfloat16]`: a GGUF as a Hugging Face folder."""
+    parser = argparse.ArgumentParser(prog="distill convert-gguf", description=main.__doc__)
+    parser.add_argument("gguf", help="the .gguf file (e.g. ~/.cache/distill-real/qwen2.5-coder-0.5b-instruct.gguf)")
+    parser.add_argument("out", help="the folder to write; must not exist")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="weights on disk: float32 keeps the dequantised values exactly, bfloat16 halves the size")
+    args = parser.parse_args(argv)
+    try:
+        started = time.time()
+        out = convert_gguf(args.gguf, args.out, args.dtype)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"distill convert-gguf: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} in {time.time() - started:.0f} s: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
