@@ -5,7 +5,6 @@ writes the side-by-side report with plots to ./demo-output/."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -16,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from tqdm.auto import tqdm
 
-import distill
 from distill.docs import markdown_table
+from distill.machine_load import MachineLoad, warn
 from distill.models import load_model, load_tokenizer
 from distill.prepare_tiny import prepare
+from distill.provenance import versions
 from distill.recipe import load_recipe
 from distill.speculative import SpeculativeDecoder
 from distill.speedup import fit_alpha, measure_costs, predicted_speedup
@@ -174,6 +173,7 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    load = MachineLoad().start()
     torch.manual_seed(seed)
     print(f"[1/4] tiny target: tokenizer, corpus and {size['target_steps']} training steps")
     prepare(out / "tiny", steps=size["target_steps"], train_examples=size["train_examples"], seed=seed,
@@ -203,16 +203,18 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
             point["predicted_speedup"] = predicted_speedup(point["alpha"], k, costs.c, costs.v[k])
             entry["sweep"].append({key: point[key] for key in ("k", "speedup", "predicted_speedup", "alpha", "acceptance_rate")})
 
+    load.stop()
     report = {
         "target": str(out / "tiny" / "target"),
         "settings": {**size, "num_draft_tokens": NUM_DRAFT_TOKENS, "seed": seed, "quick": quick, "target_shape": TARGET},
-        "environment": {"distill": distill.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                        "python": platform.python_version(), "device": "cpu", "threads": torch.get_num_threads()},
+        "environment": {**versions(), "platform": platform.platform(), "device": "cpu", "threads": torch.get_num_threads()},
+        "machine_load": load.report(),
         "drafts": drafts,
         "wall_s": time.perf_counter() - started,
     }
     _write_atomic(out / "report.json", json.dumps(report, indent=2, default=str))
-    md = f"# distill demo\n\n{table(report)}\n\nk = {NUM_DRAFT_TOKENS}, {len(prompts)} held-out prompts, greedy, fp32, CPU; {report['wall_s']:.0f} s in all.\n"
+    busy = f"\n\n**Warning:** {report['machine_load']['warning']}\n" if report["machine_load"]["busy"] else ""
+    md = f"# distill demo\n\n{table(report)}\n\nk = {NUM_DRAFT_TOKENS}, {len(prompts)} held-out prompts, greedy, fp32, CPU; {report['wall_s']:.0f} s in all.\n{busy}"
     _write_atomic(out / "report.md", md)
     _plots(report, out)
     return report
@@ -220,15 +222,14 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
 
 def main(argv: list[str] | None = None) -> int:
     """`distill demo [--quick] [--out demo-output]`."""
-    parser = argparse.ArgumentParser(prog="distill demo", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a 1-2 minute version (fewer steps and prompts)")
-    parser.add_argument("--out", default="demo-output", help="where the report, plots and models go")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    from distill.arguments import parser
+
+    args = parser("demo").parse_args(argv)
     report = run(args.out, quick=args.quick, seed=args.seed)
     print()
     print(table(report))
     print(f"\nReport, plots and models in {args.out}/ ({report['wall_s']:.0f} s).")
+    warn(report["machine_load"], "distill demo")
     return 0
 
 

@@ -153,6 +153,36 @@ class _Rows:
         return _rows_loss(spec, student_logits, block, self.div_weight[start:end], ce_weight, labels)
 
 
+def _log_probs(spec: _Spec, logits: torch.Tensor, teacher: _Teacher) -> tuple[torch.Tensor, torch.Tensor]:
+    """Student and teacher log-probs of a block of rows (logits already on the shared vocabulary,
+    upcast): over the whole vocabulary for a dense teacher, over k+1 buckets for a top-k one."""
+    t = spec.temperature
+    if teacher.logits is not None:
+        t_logits = _upcast(teacher.logits[:, : spec.vocab_size].detach())
+        return torch.log_softmax(logits if t == 1 else logits / t, -1), torch.log_softmax(t_logits if t == 1 else t_logits / t, -1)
+    return sparse_log_probs(logits, teacher.topk_ids, _upcast(teacher.topk_logprobs.detach()), t)
+
+
+def token_divergence(
+    name: str,
+    student_logits: torch.Tensor,
+    *,
+    teacher_logits: torch.Tensor | None = None,
+    teacher_topk_ids: torch.Tensor | None = None,
+    teacher_topk_logprobs: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """The divergence of each row [n] between student logits [n, V_s] and the teacher's rows (dense
+    [n, V_t] or top-k [n, k]): what the mean losses above average, one value per token."""
+    _check_options(name, beta, temperature, None)
+    teacher = _teacher(student_logits.shape[:-1], teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
+    vocab = _resolve_vocab(vocab_size, student_logits.shape[-1], None if teacher.logits is None else teacher.logits.shape[-1])
+    spec = _Spec(name, float(beta), float(temperature), vocab)
+    return _divergence_fn(name, beta)(*_log_probs(spec, _upcast(student_logits[:, :vocab]), teacher))
+
+
 def _rows_loss(
     spec: _Spec,
     student_logits: torch.Tensor,
@@ -163,15 +193,7 @@ def _rows_loss(
 ) -> torch.Tensor:
     """Σ div_weight·divergence (+ Σ ce_weight·CE) over a block of rows; student_logits [n, V_s]."""
     logits = _upcast(student_logits[:, : spec.vocab_size])
-    t = spec.temperature
-    if teacher.logits is not None:
-        t_logits = _upcast(teacher.logits[:, : spec.vocab_size].detach())
-        student_logp = torch.log_softmax(logits if t == 1 else logits / t, -1)
-        teacher_logp = torch.log_softmax(t_logits if t == 1 else t_logits / t, -1)
-    else:
-        student_logp, teacher_logp = sparse_log_probs(
-            logits, teacher.topk_ids, _upcast(teacher.topk_logprobs.detach()), t
-        )
+    student_logp, teacher_logp = _log_probs(spec, logits, teacher)
     loss = logits[:0].sum()
     if spec.divergence_weight:
         loss = loss + spec.divergence_weight * (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()

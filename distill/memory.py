@@ -9,7 +9,6 @@ which is how docs/gpu-plan.md's numbers were checked.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,17 +177,10 @@ def render(terms: dict[str, float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill memory RECIPE [--gpus N --zero 2] [--tokens T] [--check]`."""
-    from distill.recipe import add_set_argument, load_recipe
+    from distill.arguments import parser
+    from distill.recipe import load_recipe
 
-    ap = argparse.ArgumentParser(prog="distill memory", description=__doc__.split("\n\n")[0])
-    ap.add_argument("recipe", nargs="?", help="recipe YAML")
-    ap.add_argument("--gpus", type=int, default=1, help="processes (GPUs) the run is launched on")
-    ap.add_argument("--zero", type=int, default=0, choices=(0, 2, 3), help="DeepSpeed ZeRO stage (0: none)")
-    ap.add_argument("--tokens", type=int, help="tokens per micro-batch (default: batch x data.max_length)")
-    ap.add_argument("--target-config", help="config.json of the target, instead of reading it from the Hub")
-    ap.add_argument("--draft-config", help="config.json of the draft, instead of reading it from the Hub")
-    ap.add_argument("--check", nargs="*", metavar="CONFIG", help="measure the per-token terms on this CPU for these config.json files")
-    add_set_argument(ap)
+    ap = parser("memory")
     args = ap.parse_args(argv)
     if args.check is not None:
         configs = {Path(p).stem: json.loads(Path(p).read_text()) for p in args.check}

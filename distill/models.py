@@ -12,7 +12,6 @@ Nothing heavy is imported at module level, so a command's `--help` stays fast.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -131,7 +130,24 @@ def _guarded(source: ModelSource, what: str, load: Callable[[], T]) -> T:
             raise ModelLoadError(f"{source.path}: cannot read the {what} from this GGUF ({message}); {hint}") from None
         if source.kind == "hub":
             raise ModelLoadError(f"{source.ref}: cannot load the {what} (not a local path, and the Hub gave: {message})") from None
+        torn = _unreadable_weights(Path(source.path)) if isinstance(err, SafetensorError) else None
+        if torn is not None:
+            raise ModelLoadError(f"{torn}: the {what}'s weights are unreadable ({message}): the file is truncated or damaged; "
+                                 "copy or save it again") from None
         raise ModelLoadError(f"{source.path}: cannot load the {what} ({message}); check the folder's files or rewrite them") from None
+
+
+def _unreadable_weights(folder: Path) -> Path | None:
+    """The first safetensors file in `folder` whose header cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            return path
+    return None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype | str:
@@ -266,12 +282,9 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, dtype: st
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill convert-gguf FILE.gguf OUT/ [--dtype float32|bfloat16]`: a GGUF as a Hugging Face folder."""
-    parser = argparse.ArgumentParser(prog="distill convert-gguf", description=main.__doc__)
-    parser.add_argument("gguf", help="the .gguf file (e.g. ~/.cache/distill-real/qwen2.5-coder-0.5b-instruct.gguf)")
-    parser.add_argument("out", help="the folder to write; must not exist")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="weights on disk: float32 keeps the dequantised values exactly, bfloat16 halves the size")
-    args = parser.parse_args(argv)
+    from distill.arguments import parser
+
+    args = parser("convert-gguf").parse_args(argv)
     try:
         started = time.time()
         out = convert_gguf(args.gguf, args.out, args.dtype)

@@ -9,7 +9,6 @@ runs/tiny/eval.jsonl (prompt/response lines; eval from another seed) and prepare
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -156,14 +155,12 @@ def prepare(out: str | os.PathLike, force: bool = False, **overrides: Any) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distill.prepare_tiny --out runs/tiny`: build the tiny target and corpus."""
-    parser = argparse.ArgumentParser(prog="python -m distill.prepare_tiny", description=main.__doc__)
-    parser.add_argument("--out", default="runs/tiny", help="output directory (tiny-cpu.yaml reads runs/tiny)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="target training steps")
-    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--force", action="store_true", help="rebuild even when the output is already there")
-    args = parser.parse_args(argv)
-    info = prepare(args.out, force=args.force, steps=args.steps, seed=args.seed)
+    """`distill prepare-tiny --out runs/tiny`: build the tiny target and corpus."""
+    from distill.arguments import parser
+
+    args = parser("prepare-tiny").parse_args(argv)
+    given = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
+    info = prepare(args.out, force=args.force, **given)
     print(json.dumps({k: info[k] for k in ("tokenizer_size", "target_embedding_rows", "target_parameters", "final_train_loss")}, indent=2))
     return 0
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-PACKAGES = ("distill", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed", "safetensors")
+# Every package whose version can move a result: the tokenizer trainer (tokenizers), data order (datasets,
+# numpy), kernels (torch), training loops (transformers, trl, peft, accelerate, deepspeed), GGUF dequantising.
+PACKAGES = ("distill", "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets", "numpy", "deepspeed",
+            "safetensors", "gguf")
 
 
 def package_version(name: str) -> str | None:

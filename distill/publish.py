@@ -4,7 +4,6 @@ the measured acceptance. Written into a temporary folder, checked by reloading, 
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import logging
@@ -22,7 +21,7 @@ import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token, snapshot_download
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.models import load_config, load_model, load_tokenizer, resolve
+from distill.models import load_config, load_model, load_tokenizer, resolve, share_permissions
 from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
@@ -247,6 +246,7 @@ def publish(
         )
         card.save(tmp / "README.md")
         (tmp / "publish_info.json").write_text(json.dumps(_publish_info(source, eval_report, padded, keep_adapter), indent=2) + "\n")
+        share_permissions(tmp)  # mkdtemp made it 0700 and the weights 0600: a published folder is for others to read
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -518,28 +518,11 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def build_parser(prog: str = "distill publish") -> argparse.ArgumentParser:
-    """The `distill publish` command line."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("run", nargs="?", help="a training output folder (holding draft/, recipe.yaml, run_info.json)")
-    p.add_argument("--out", required=True, help="the folder to write (must be empty or absent, unless --force)")
-    p.add_argument("--draft", help="a draft folder (full model or peft adapter) instead of RUN")
-    p.add_argument("--target", help="the target's folder or Hub id (default: the recipe's target)")
-    p.add_argument("--target-revision", help="the target's Hub revision (default: the recipe's)")
-    p.add_argument("--eval-report", help="the `distill accept` JSON, or a folder whose newest report is used")
-    p.add_argument("--keep-adapter", action="store_true", help="keep a LoRA adapter as an adapter instead of merging it")
-    p.add_argument("--pad-vocab-to-target", action="store_true", help="pad embedding and LM head to the target's vocab_size (vLLM draft_model)")
-    p.add_argument("--license", default="apache-2.0", help="the licence in the model card metadata (default: apache-2.0)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--push-to-hub", metavar="REPO", help="upload the folder to this Hub repo (token from HF_TOKEN)")
-    p.add_argument("--public", action="store_true", help="create the Hub repo public (default: private)")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distill publish` and scripts/publish.py; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from distill.arguments import parser
+
+    args = parser("publish").parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         out = publish(

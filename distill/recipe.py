@@ -121,6 +121,16 @@ class TeacherSpec:
 
 
 @dataclass(kw_only=True)
+class TokenSelectionSpec:
+    """AdaSPEC (distill.selection): per batch, the divergence is taken only on the `keep_fraction` of
+    response tokens where the `reference` draft's loss is furthest below the draft's. The reference
+    is a draft distilled first with plain KD (a path or Hub id) and must share the target's tokenizer."""
+
+    reference: str
+    keep_fraction: float = field(default=0.4, metadata=_check(lambda v: 0.0 < v <= 1.0, "in (0, 1]"))
+
+
+@dataclass(kw_only=True)
 class LossSpec:
     """The distillation objective (see distill.losses)."""
 
@@ -133,6 +143,7 @@ class LossSpec:
     chunk_size: int = field(default=1024, metadata=_POSITIVE)
     lmbda: float = field(default=0.0, metadata=_UNIT)
     max_new_tokens_on_policy: int = field(default=128, metadata=_POSITIVE)
+    token_selection: TokenSelectionSpec | None = None
 
 
 @dataclass(kw_only=True)
@@ -337,7 +348,8 @@ def check_paths(recipe: Recipe) -> None:
     """Raise RecipeError naming every local model or data path of `recipe` that does not exist, at
     the start of a run (a missing folder would otherwise reach the Hub client as a malformed repo id)."""
     wanted = [("target.name_or_path", recipe.target.name_or_path), ("draft.name_or_path", recipe.draft.name_or_path),
-              ("data.dataset", recipe.data.dataset), ("data.eval_split", recipe.data.eval_split)]
+              ("data.dataset", recipe.data.dataset), ("data.eval_split", recipe.data.eval_split),
+              ("loss.token_selection.reference", recipe.loss.token_selection and recipe.loss.token_selection.reference)]
     missing = [f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"
                for key, value in wanted if value and looks_local(value) and not Path(value).exists()]
     if missing:

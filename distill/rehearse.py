@@ -18,7 +18,6 @@ a draft propose a padding id is caught.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -560,11 +559,9 @@ def rehearse(out: str | os.PathLike, quick: bool = False, markdown: str | None =
 
 def main(argv: list[str] | None = None) -> int:
     """`distill rehearse [--quick] [--out DIR] [--markdown docs/benchmarks.md]`."""
-    ap = argparse.ArgumentParser(prog="distill rehearse", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="rehearsal-output", help="working folder (replaced): stand-ins, runs, reports, logs")
-    ap.add_argument("--quick", action="store_true", help="the fast subset the test suite runs: LoRA, accept, decoder, publish, refusals")
-    ap.add_argument("--markdown", help="write the results as the `rehearsal` section of this file (e.g. docs/benchmarks.md)")
-    args = ap.parse_args(argv)
+    from distill.arguments import parser
+
+    args = parser("rehearse").parse_args(argv)
     command = shlex.join(["distill", "rehearse", *(sys.argv[1:] if argv is None else argv)])
     try:
         report = rehearse(args.out, args.quick, args.markdown, command)

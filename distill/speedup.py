@@ -36,8 +36,9 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, Qwen2Config
 
-import distill
 from distill.docs import markdown_table, write_section
+from distill.machine_load import MachineLoad, describe, warn
+from distill.provenance import versions
 from distill.models import ModelLoadError, load_model, load_tokenizer
 from distill.vocab import check_special_ids_agree, check_tokenizers_agree
 from distill.speculative import SpecStats, SpeculativeDecoder
@@ -606,10 +607,7 @@ def _measure_alpha(target, draft, tok, prompts, k: int, max_new_tokens: int, bac
 def _environment(device: str, dtype: torch.dtype) -> dict[str, Any]:
     dev = torch.device(device)
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "distill": distill.__version__,
+        **versions(),
         "cuda": torch.version.cuda,
         "device": device,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
@@ -670,31 +668,17 @@ def render_markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`distill bench`: measure c and v(k), predict the speedup per k, pick k; optionally measure
     the acceptance → speedup curve with synthetic acceptance."""
-    ap = argparse.ArgumentParser(prog="distill bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", help="target: Hub id or local path (default: a tiny pair built on the spot)")
-    ap.add_argument("--draft", help="draft: Hub id or local path")
-    ap.add_argument("--model-config-target", help="a Qwen2Config JSON: random-weight target of that shape (no download)")
-    ap.add_argument("--model-config-draft", help="a Qwen2Config JSON: random-weight draft of that shape")
-    ap.add_argument("--ks", type=_parse_ks, default=_parse_ks("1..8"), help="draft lengths, e.g. 1..8 or 1,2,4 (default 1..8)")
-    ap.add_argument("--alpha", type=_parse_alphas, help="acceptance rate(s) to predict at (default: the synthetic ones, "
-                    "else α measured with the real draft)")
-    ap.add_argument("--synthetic-acceptance", type=_parse_alphas, help="run the verification loop at these controlled "
-                    "acceptance rates, e.g. 0.5,0.7,0.9, and report measured vs predicted speedup")
-    ap.add_argument("--num-draft-tokens", type=int, default=5, help="k at which α of the real draft is measured (default 5)")
-    ap.add_argument("--prompt-len", type=int, default=128, help="prompt length for costs and synthetic runs (default 128)")
-    ap.add_argument("--num-prompts", type=int, default=4, help="prompts per decoding run (default 4)")
-    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
-    ap.add_argument("--repeats", type=int, default=20, help="timed repeats per cost measurement (median; default 20)")
-    ap.add_argument("--backend", default="auto", choices=[b for b in BACKENDS if b != "compiled"], help="the decoding loop timed: eager, static "
-                    "(static caches + CUDA graphs), or auto: static on CUDA, eager elsewhere (default)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="auto: bfloat16 on CUDA, float32 elsewhere")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write every figure, the settings and the environment to this JSON file")
-    ap.add_argument("--markdown", help="also write the tables into a named section of this Markdown file (e.g. docs/benchmarks.md)")
-    ap.add_argument("--section", default="distill-bench", help="section name in --markdown (default distill-bench)")
+    from distill.arguments import default_device, parser
+
+    ap = parser("bench")
     args = ap.parse_args(argv)
+    args.device = default_device(args.device)
+    try:
+        args.ks = _parse_ks(args.ks)
+        args.alpha = _parse_alphas(args.alpha) if args.alpha else None
+        args.synthetic_acceptance = _parse_alphas(args.synthetic_acceptance) if args.synthetic_acceptance else None
+    except argparse.ArgumentTypeError as err:
+        ap.error(str(err))
     for name in ("num_draft_tokens", "prompt_len", "num_prompts", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -708,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"distill bench: error: {err}", file=sys.stderr)
         return 2
+    load = MachineLoad().start()
     context = min(_context(target), _context(draft))
     if args.prompt_len + args.max_new_tokens + max(args.ks) + 2 > context:
         ap.error(f"--prompt-len + --max-new-tokens + k exceeds the models' context of {context}: lower them")
@@ -742,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         "names": names,
         "backend": backend,
         "environment": _environment(args.device, dtype),
+        "machine_load": load.stop().report(),
         "settings": {**vars(args), "command": "distill bench " + " ".join(sys.argv[1:] if argv is None else argv)},
         "costs": costs.to_dict(),
         "alphas": alphas,
@@ -752,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
                     "predicted_speedup": predicted_speedup(a, b, costs.c, costs.v[b])} for a in alphas],
         "synthetic": synthetic,
     }
-    md = render_markdown(report)
+    md = render_markdown(report) + "\n\n" + describe(report["machine_load"])
     if not args.synthetic_acceptance and max(alphas) < 0.05:
         md += ("\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
                "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance.")
@@ -761,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         write_section(args.markdown, args.section, md)
     print(md)
+    warn(report["machine_load"], "distill bench")
     return 0
 
 

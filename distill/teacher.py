@@ -9,7 +9,6 @@ and counts when `labels[t + 1] != -100` (see `response_mask`). Only the shared r
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -488,15 +487,10 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill cache-teacher RECIPE`: write the target's top-k log-prob cache a recipe trains from."""
-    from distill.recipe import add_set_argument, load_recipe
+    from distill.arguments import parser
+    from distill.recipe import load_recipe
 
-    parser = argparse.ArgumentParser(prog="distill cache-teacher", description=main.__doc__)
-    parser.add_argument("recipe", help="recipe YAML (its target, data and teacher sections are used)")
-    parser.add_argument("--cache-dir", default=None, help="override teacher.cache_dir")
-    parser.add_argument("--dtype", default="float32", choices=sorted(CACHE_DTYPES), help="stored log-prob precision (float16 halves the disk)")
-    parser.add_argument("--shard-size", type=int, default=256, help="examples per shard (the unit of resumption)")
-    add_set_argument(parser)
-    args = parser.parse_args(argv)
+    args = parser("cache-teacher").parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         written = cache_teacher(recipe, args.recipe, cache_dir=args.cache_dir, dtype=args.dtype, shard_size=args.shard_size)

@@ -10,7 +10,6 @@ from an online teacher or from the offline top-k cache written by `distill cache
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import logging
@@ -42,8 +41,9 @@ from transformers import (
 
 from distill import losses
 from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context, generate_share
-from distill.models import ModelLoadError, load_model, load_tokenizer
+from distill.models import ModelLoadError, load_model, load_tokenizer, share_permissions
 from distill.recipe import check_paths, save_recipe
+from distill.selection import TokenSelection
 from distill.teacher import (
     CachedTeacherCollator,
     MANIFEST,
@@ -89,8 +89,10 @@ def _eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list
 
 class DistillTrainer(Trainer):
     """A `Trainer` whose loss is a `distill.losses` divergence between the draft and the target on
-    response tokens (plus `ce_weight` × CE), with GKD's on-policy fraction `lmbda`, and whose
-    evaluation logs `eval_expected_acceptance` (1 − TVD) and `eval_top1_agreement`."""
+    response tokens (plus `ce_weight` × CE), with GKD's on-policy fraction `lmbda`, optionally on
+    the tokens AdaSPEC selects against a `reference` draft (training only; logged as `kept_fraction`),
+    and whose evaluation logs `eval_expected_acceptance` (1 − TVD) and `eval_top1_agreement` on every
+    response token."""
 
     loss_is_scaled_for_ga = False  # our losses are per-batch means; Trainer divides by the accumulation steps
 
@@ -103,6 +105,7 @@ class DistillTrainer(Trainer):
         vocab_size: int,
         processing_class: PreTrainedTokenizerBase,
         teacher: PreTrainedModel | None = None,
+        reference: PreTrainedModel | None = None,
         eval_data_collator: Any = None,
         max_length: int | None = None,
         **kwargs: Any,
@@ -117,6 +120,14 @@ class DistillTrainer(Trainer):
         self.max_length = max_length
         self.eval_data_collator = eval_data_collator
         self.teacher = prepare_teacher(teacher, self.accelerator) if teacher is not None else None
+        self.selection = None
+        if reference is not None:
+            if loss.token_selection is None:
+                raise ValueError("a reference draft was given but loss.token_selection is not set")
+            self.selection = TokenSelection(prepare_teacher(reference, self.accelerator), loss.token_selection.keep_fraction,
+                                            fused=self._fused_ok(reference))
+        elif loss.token_selection is not None:
+            raise ValueError("loss.token_selection is set but no reference draft was given to the trainer")
         from trl.models.utils import _ForwardRedirection
 
         self._forward_redirection = _ForwardRedirection()
@@ -178,12 +189,18 @@ class DistillTrainer(Trainer):
         # Under ZeRO-3 the head's weight only exists inside its own forward: use the model's logits instead.
         return plain_head and not scaled and not _zero3()
 
+    def _select(self, logits_at: Any, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> None:
+        """AdaSPEC, while training: narrow the loss mask to the tokens the reference shows are learnable."""
+        if self.selection is not None and torch.is_grad_enabled():
+            kwargs["mask"] = self.selection.select(logits_at, inputs, kwargs, kwargs["mask"], self.loss_spec, self.vocab_size)
+
     def _fused_student(self, unwrapped: torch.nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any], labels: torch.Tensor, stats_signal: dict | None):
         causal_lm = unwrapped.get_base_model() if _is_peft(unwrapped) else unwrapped
         hidden = causal_lm.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).last_hidden_state
         weight = causal_lm.get_output_embeddings().weight
         if not torch.is_grad_enabled():  # evaluation: nothing to differentiate
             hidden, weight = hidden.detach(), weight.detach()
+        self._select(lambda sel: hidden.detach()[sel] @ weight.detach().T, inputs, kwargs)
         spec = self.loss_spec
         loss = losses.fused_divergence(spec.divergence, hidden, weight, chunk_size=spec.chunk_size, labels=labels, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
         stats = None
@@ -205,6 +222,7 @@ class DistillTrainer(Trainer):
             # Through the wrapper's forward, so DDP/DeepSpeed hooks fire although we call the backbone directly.
             return self._forward_redirection(model, unwrapped, self._fused_student, unwrapped, inputs, kwargs, shifted, stats_signal)
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+        self._select(lambda sel: logits.detach()[sel], inputs, kwargs)
         spec = self.loss_spec
         loss = losses.distillation_loss(spec.divergence, logits, chunk_size=spec.chunk_size, labels=shifted, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
         stats = self._token_stats(lambda sel: logits.detach()[sel], signal, mask) if with_stats else None
@@ -233,6 +251,13 @@ class DistillTrainer(Trainer):
             agree = (s[:, :V].argmax(-1) == t_top).sum()
             total += torch.stack([tvd.double() * n, agree.double(), torch.tensor(float(n), dtype=torch.float64, device=total.device)])
         return total
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if self.selection is not None and "loss" in logs:
+            kept = self.selection.take_stats()
+            if kept is not None:
+                logs["kept_fraction"] = kept
+        super().log(logs, *args, **kwargs)
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False, num_items_in_batch: Any = None):
         loss, _ = self._loss(model, inputs)
@@ -341,6 +366,18 @@ def build_draft(spec: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Pre
     return model
 
 
+def load_reference(name_or_path: str, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype, device: Any) -> PreTrainedModel:
+    """AdaSPEC's reference draft, frozen, in the draft's dtype; refused unless it speaks the target's tokenizer."""
+    try:
+        check_tokenizers_agree(tokenizer, load_tokenizer(name_or_path, what="reference tokenizer"), names=("target", "reference"))
+    except ValueError as err:
+        raise ValueError(f"loss.token_selection.reference {name_or_path}: {err}") from None
+    reference = load_model(name_or_path, dtype=dtype, device=device, what="reference draft")
+    if reference.config.get_text_config().vocab_size < len(tokenizer):
+        raise ValueError(f"loss.token_selection.reference {name_or_path}: its embedding has fewer rows than the tokenizer's {len(tokenizer)} tokens")
+    return reference
+
+
 def apply_lora(model: PreTrainedModel, lora: Any) -> torch.nn.Module:
     """Wrap the draft with a peft LoRA adapter (the head stays frozen: the fused loss reads its weight)."""
     from peft import LoraConfig, get_peft_model
@@ -438,6 +475,9 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
             raise ValueError(f"the {name}'s embedding has {m.config.get_text_config().vocab_size} rows, fewer than the tokenizer's {vocab_size} tokens")
         if m is not None:
             check_context(recipe.data, m, name)
+    reference = None
+    if recipe.loss.token_selection is not None:
+        reference = load_reference(recipe.loss.token_selection.reference, tokenizer, model.dtype, None if zero3 else args.device)
     if recipe.draft.lora is not None:
         set_seed(recipe.seed)  # the adapter's random init
         model = apply_lora(model, recipe.draft.lora)
@@ -471,6 +511,7 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         vocab_size=vocab_size,
         processing_class=tokenizer,
         teacher=teacher,
+        reference=reference,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collator,
@@ -525,6 +566,7 @@ def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(tmp)
         (tmp / "training_args.bin").unlink(missing_ok=True)
+        share_permissions(tmp)
         if out.exists():
             old = out.with_name(f".draft.old-{os.getpid()}")
             os.replace(out, old)
@@ -629,16 +671,13 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill train RECIPE [--resume] [--set KEY=VALUE ...]` (or `accelerate launch scripts/train.py RECIPE`)."""
-    from distill.recipe import add_set_argument, load_recipe
+    from distill.arguments import parser
+    from distill.recipe import load_recipe
 
-    parser = argparse.ArgumentParser(prog="distill train", description=main.__doc__)
-    parser.add_argument("recipe", help="recipe YAML")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint-N in output_dir")
-    add_set_argument(parser)
-    args = parser.parse_args(argv)
+    args = parser("train").parse_args(argv)
     try:
         metrics = train(load_recipe(args.recipe, args.overrides), resume=args.resume, recipe_path=args.recipe)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"distill train: error: {err}", file=sys.stderr)
         return 2
     shown = {k: v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "eval_expected_acceptance", "eval_top1_agreement")}

@@ -27,18 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-import distill
+from distill.arguments import default_device, parser, quiet_cpu_deepspeed
 from distill.eval.report import write_outputs
 from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
 from distill.speedup import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
-from distill.provenance import package_version
+from distill.machine_load import MachineLoad, warn
+from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -359,10 +359,7 @@ def _environment(settings: Settings, device: torch.device, command: str) -> dict
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "distill": distill.__version__,
-        "accelerate": package_version("accelerate"),
+        **versions(),
         "cuda": torch.version.cuda,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
@@ -496,6 +493,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     journal = Journal(Path(settings.output_dir) / JOURNAL, settings.fingerprint())
     if journal.resumed:
         print(f"distill accept: resuming, {journal.resumed} of {len(plan)} generate calls already in {journal.path}", file=sys.stderr)
+    load = MachineLoad().start()
     warm_up = tensors(settings.tasks[0], [0])  # kernels, allocator and caches, outside the timed calls
     warm = Decoding(min(4, max_new[settings.tasks[0]]), settings.do_sample, settings.temperature, settings.top_p, eos, pad)
     target_generate(target, warm_up, warm, settings.seed)
@@ -528,7 +526,9 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         costs = measure_costs(target, model, ks=range(1, max(ks_all) + 1), prompt_len=prompt_len, repeats=settings.cost_repeats)
         add_predictions(report["drafts"][name], costs, settings)
     report["settings"].update(cost_prompt_len=prompt_len, target_generation_config_ignored=dropped)
+    report["machine_load"] = load.stop().report()
     write_outputs(report, settings.output_dir)
+    warn(report["machine_load"], "distill accept")
     return report
 
 
@@ -641,35 +641,6 @@ def add_predictions(entry: dict[str, Any], costs: Costs, settings: Settings) -> 
     entry["best_k"] = best_k(entry["alpha"], costs, k_max=max(costs.v))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="distill accept", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="Hub id or path of the target (its tokenizer and chat template are used)")
-    ap.add_argument("--draft", action="append", required=True,
-                    help="draft Hub id or path, NAME=PATH to name it; repeatable or comma-separated; a training output "
-                         "folder resolves to its draft/")
-    ap.add_argument("--tasks", default="gsm8k,mmlu,cnndm", help=f"comma-separated, from {sorted(TASKS)}")
-    ap.add_argument("--data-file", action="append", default=[], metavar="TASK=PATH",
-                    help="read a task from a local JSONL/JSON/Parquet file with the Hub's columns (repeatable)")
-    ap.add_argument("--num-samples", type=int, help="prompts per task (default: each task's own, e.g. 300 for gsm8k)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling of task examples, and of tokens when --temperature > 0")
-    ap.add_argument("--max-new-tokens", type=int, help="generation length for every task (default: each task's own)")
-    ap.add_argument("--num-draft-tokens", "-k", type=int, default=5, help="draft tokens per round for the main figures")
-    ap.add_argument("--ks", default="", help="also measure speedup at these k (e.g. 1,2,4,6,8), next to the prediction")
-    ap.add_argument("--sweep-samples", type=int, help="prompts per task used for the --ks sweep (default: all)")
-    ap.add_argument("--schedule", default="constant", choices=["constant", "adaptive"], help="draft length schedule")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (identity not expected)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0")
-    ap.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1 gives per-request latency)")
-    ap.add_argument("--dtype", default="float32", choices=DTYPES, help="greedy identity is guaranteed in float32 only")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--num-fewshot", type=int, default=0, help="MMLU shots from the same subject")
-    ap.add_argument("--max-article-words", type=int, help="cut CNN/DailyMail articles to this many words (task default 512)")
-    ap.add_argument("--cost-repeats", type=int, default=20, help="timed repeats per measurement of c and v(k)")
-    ap.add_argument("--draft-alone", action="store_true", help="also decode with each draft alone and report its own task quality")
-    ap.add_argument("--output-dir", default="eval-output", help="report.json, report.md, PNG plots and the resume journal")
-    return ap
-
-
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Validated settings from parsed command-line arguments."""
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -681,7 +652,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         target=args.target, drafts=parse_drafts(args.draft), tasks=tasks, data_files=parse_data_files(args.data_file, tasks),
         num_samples=args.num_samples, seed=args.seed, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
         ks=parse_ints(args.ks, "--ks") if args.ks else [], sweep_samples=args.sweep_samples, schedule=args.schedule,
-        temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size, dtype=args.dtype, device=args.device,
+        temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size, dtype=args.dtype, device=default_device(args.device),
         num_fewshot=args.num_fewshot, max_article_words=args.max_article_words, cost_repeats=args.cost_repeats, draft_alone=args.draft_alone,
         output_dir=args.output_dir,
     )
@@ -689,7 +660,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distill accept` and `python eval/acceptance.py`; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = parser("accept").parse_args(argv)
     command = shlex.join(["distill", "accept", *argv]) if argv is not None else shlex.join([sys.argv[0], *sys.argv[1:]])
     try:
         report = run(settings_from_args(args), command)
@@ -707,4 +678,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    quiet_cpu_deepspeed()
     raise SystemExit(main())

@@ -112,6 +112,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{env['command']}`",
         "",
+        *([f"**Warning:** {report['machine_load']['warning']}", ""] if (report.get("machine_load") or {}).get("busy") else []),
         "Speedup = target-only wall time / speculative wall time on the same prompts. Greedy identity = share of prompts "
         "whose speculative output equals the target-only output token for token. Predicted = (1 − α^(k+1)) / (1 − α) / "
         "(k·c + v(k)) with α fitted from this run and c, v(k) measured on this device.",

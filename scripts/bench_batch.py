@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from distill.docs import markdown_table, write_section
+from distill.machine_load import MachineLoad, describe, warn
 from distill.models import load_model, load_tokenizer
 from distill.speculative import SpeculativeDecoder
 
@@ -154,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     target = load_model(target_path, dtype=dtype, device=args.device)
     draft = load_model(draft_path, dtype=dtype, device=args.device)
     prompts = load_prompts(prompt_path, tokenizer, args.num_prompts)
+    load = MachineLoad().start()
     rows = bench(target, draft, tokenizer, prompts, args.batch_sizes, args.num_draft_tokens, args.max_new_tokens,
                  args.modes, args.backend, args.temperature, args.repeats, args.device)
+    load.stop()
 
     table = markdown_table(
         ["mode", "batch", "tokens / row / target forward", "acceptance", "wall speedup vs target-only", "tokens/s (ours)",
@@ -180,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
         "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
         "target-only `generate`'s, up to EOS.",
+        "",
+        describe(load.report()),
     ])
     print(md)
+    warn(load.report(), "bench_batch")
     if args.output:
         write_section(args.output, "bench_batch" + ("" if not args.target else "-custom"), md)
     greedy = [r for r in rows if r["mode"] == "greedy"]

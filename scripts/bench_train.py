@@ -29,9 +29,11 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from distill.demo import measure
 from distill.docs import markdown_table, write_section
+from distill.machine_load import MachineLoad, describe, warn
 from distill.models import load_model, load_tokenizer
 from distill.prepare_tiny import DEFAULTS as TINY_DEFAULTS
 from distill.prepare_tiny import prepare, saved_tokenizer, train_target
+from distill.provenance import versions
 from distill.recipe import load_recipe
 from distill.train import train
 
@@ -47,6 +49,8 @@ OBJECTIVES = {
 }
 HEADER = ["draft", "steps", "acceptance rate", "tokens / target forward", "greedy identity",
           "held-out 1 − TVD", "train tokens/s", "train s"]
+
+LOAD = MachineLoad().start()  # what else ran while this benchmark ran, from its start
 
 
 class TokensSeen(TrainerCallback):
@@ -126,9 +130,12 @@ def command_line(argv: Sequence[str] | None) -> str:
 
 
 def report(section: str, title: str, cmd: str, table: str, notes: str, docs: Path) -> str:
-    """Print the table with its command and write it as `section` of docs/benchmarks.md."""
-    text = f"## {title}\n\n```\n{cmd}\n```\n\n{table}\n\n{notes}\n"
+    """Print the table with its command and write it as `section` of docs/benchmarks.md, with the
+    machine's load since this script started (its timings are only as good as the machine was idle)."""
+    load = LOAD.report()
+    text = f"## {title}\n\n```\n{cmd}\n```\n\n{table}\n\n{notes}\n\n{describe(load)}\n"
     print(text)
+    warn(load, "bench")
     write_section(docs, section, text)
     return text
 
@@ -140,9 +147,9 @@ def pair_sizes(tokenizer: PreTrainedTokenizerBase, target: torch.nn.Module, reci
 
 
 def _environment() -> str:
-    import transformers
-
-    return f"CPU, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}, transformers {transformers.__version__}"
+    found = versions()
+    libs = ", ".join(f"{name} {found[name]}" for name in ("torch", "transformers", "tokenizers", "datasets", "accelerate", "trl") if found.get(name))
+    return f"CPU, {torch.get_num_threads()} threads, fp32, {libs}"
 
 
 # ---------------------------------------------------------------------------------------- tiny

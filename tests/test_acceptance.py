@@ -106,6 +106,9 @@ def test_greedy_run_reports_every_task_and_draft(greedy_run):
             assert len(row["per_position_acceptance"]) == 3
     env = report["environment"]
     assert env["dtype"] == "float32" and env["torch"] and env["transformers"] and env["distill"] and "accept" in env["command"]
+    assert env["tokenizers"] and env["datasets"] and env["numpy"]  # every version that can move a figure
+    load = report["machine_load"]
+    assert load["wall_s"] > 0 and load["cpus"] >= 1 and isinstance(load["busy"], bool)
     assert report["settings"]["seed"] == 0 and report["settings"]["mode"] == "greedy"
 
 

@@ -493,3 +493,106 @@ def test_nothing_is_uploaded_without_push_to_hub_and_the_token_is_never_written(
     leaked = [str(p) for p in written if SECRET.encode() in p.read_bytes()]
     out, err = capfd.readouterr()
     assert leaked == [] and SECRET not in out + err + caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# what a new user hits (issue 20): one line and exit 2, never a traceback
+
+
+def _damaged(src: Path, dest: Path, damage: str) -> Path:
+    shutil.copytree(src, dest)
+    if damage == "torn weights":
+        weights = dest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (dest / "config.json").write_text('{"model_type": "qwen2", "hidden_size":')
+    return dest
+
+
+def _gsm8k_file(tmp_path: Path) -> Path:
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps({"question": "anna has 3 apples and gets 4 more . how many ?", "answer": "#### 7"}) + "\n")
+    return path
+
+
+def _one_line_error(capsys, prog: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    last = err[-1] if err else ""
+    assert "Traceback" not in "\n".join(err) and last.startswith(f"{prog}: error: "), err[-5:]
+    return last
+
+
+@pytest.mark.parametrize("damage", ["torn weights", "config not json"])
+@pytest.mark.parametrize("command", ["accept", "publish", "bench"])
+def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, straight, tmp_path, capsys, command, damage):
+    from distill.eval.acceptance import main as accept_main
+    from distill.speedup import main as bench_main
+
+    draft = _damaged(tiny / "straight" / "draft", tmp_path / "draft", damage)
+    target = str(tiny / "target")
+    if command == "accept":
+        rc = accept_main(["--target", target, "--draft", f"kd={draft}", "--tasks", "gsm8k", "--data-file", f"gsm8k={_gsm8k_file(tmp_path)}",
+                          "--max-new-tokens", "4", "--device", "cpu", "--output-dir", str(tmp_path / "eval")])
+        prog = "distill accept"
+    elif command == "publish":
+        rc, prog = publish_main([ "--draft", str(draft), "--target", target, "--out", str(tmp_path / "published")]), "distill publish"
+        assert not (tmp_path / "published").exists()
+    else:
+        rc, prog = bench_main(["--target", target, "--draft", str(draft), "--device", "cpu"]), "distill bench"
+    assert rc == 2
+    line = _one_line_error(capsys, prog)
+    assert str(draft) in line and ("model.safetensors" in line or "config" in line or "JSON" in line or "json" in line), line
+
+
+def test_bench_refuses_a_draft_whose_tokenizer_differs_as_accept_does(tiny, straight, tmp_path, capsys):
+    from distill.speedup import main as bench_main
+    from distill.tiny import build_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny / "straight" / "draft", other)
+    build_tokenizer(["an entirely different corpus of words"] * 20, vocab_size=300).save_pretrained(other)
+    assert bench_main(["--target", str(tiny / "target"), "--draft", str(other), "--device", "cpu"]) == 2
+    assert "tokenizers disagree" in _one_line_error(capsys, "distill bench")
+
+
+def test_a_missing_local_path_is_named_not_sent_to_the_hub(tiny, tmp_path, capsys, monkeypatch):
+    from distill.eval.acceptance import main as accept_main
+
+    monkeypatch.chdir(tmp_path)
+    assert accept_main(["--target", str(tiny / "target"), "--draft", "runs/tiny/nope", "--tasks", "gsm8k",
+                        "--data-file", f"gsm8k={_gsm8k_file(tmp_path)}", "--device", "cpu"]) == 2
+    line = _one_line_error(capsys, "distill accept")
+    assert "runs/tiny/nope: no such file or folder" in line and "Repo id" not in line
+
+
+def test_running_a_finished_recipe_again_is_its_message_and_exit_2(tiny, straight, capsys):
+    assert train_main([str(tiny / "straight.yaml")]) == 2
+    line = _one_line_error(capsys, "distill train")
+    assert "already has checkpoint-8: pass --resume to continue it, or set output_dir to a new directory" in line
+
+
+def test_a_published_folder_is_readable_by_others(tiny, straight, tmp_path):
+    out = publish(tmp_path / "published", run_dir=tiny / "straight")
+    modes = {p.relative_to(out.parent).as_posix(): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert modes.pop("published") == 0o755 and set(modes.values()) == {0o644}, modes
+
+
+def test_help_answers_without_loading_torch_and_names_the_command():
+    code = ("import sys\nfrom distill.cli import main\n"
+            "for verb in ('train', 'prepare-tiny', 'accept', 'bench', 'convert-gguf'):\n"
+            "    try:\n        main([verb, '--help'])\n    except SystemExit:\n        pass\n"
+            "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().endswith("torch not loaded")
+    assert "usage: distill prepare-tiny" in run.stdout and "usage: distill train" in run.stdout
+
+
+def test_commands_that_do_not_use_deepspeed_print_nothing_about_it(tmp_path):
+    """Saving any model makes accelerate import DeepSpeed, whose CPU fallback logs a warning; on a
+    machine without CUDA the CLI tells DeepSpeed it is on the CPU first, so nothing is printed."""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    run = subprocess.run([sys.executable, "-m", "distill.cli", "prepare-tiny", "--out", str(tmp_path / "tiny"), "--steps", "1"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Setting accelerator to CPU" not in run.stderr + run.stdout
