@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from distill.recipe import add_set_argument
-
 DTYPES = ["float32", "bfloat16", "float16", "auto"]
 TASK_NAMES = ["cnndm", "gsm8k", "mmlu"]
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--set KEY=VALUE` option (repeatable) that `distill.recipe.load_recipe(..., overrides)` applies."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key before validation, e.g. --set training.max_steps=10 (repeatable; the value is read as YAML)")
 
 
 def _device(p: argparse.ArgumentParser, what: str = "") -> None:
@@ -139,7 +143,7 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] 
     "train": ("distill.train", "train a draft from a recipe (run under `accelerate launch` for GPUs)", _train),
     "cache-teacher": ("distill.teacher", "run the target once and cache its top-k log-probs", _cache_teacher),
     "accept": ("distill.eval.acceptance", "acceptance, speedup and task quality of drafts under a target", _accept),
-    "bench": ("distill.speedup", "measure c and v(k), predict speedup, pick the best k", _bench),
+    "bench": ("distill.bench", "measure c and v(k), predict speedup, pick the best k", _bench),
     "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint", _publish),
     "rehearse": ("distill.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer", _rehearse),
     "memory": ("distill.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)", _memory),

@@ -24,7 +24,7 @@ from distill.prepare_tiny import prepare
 from distill.provenance import versions
 from distill.recipe import load_recipe
 from distill.speculative import SpeculativeDecoder
-from distill.speedup import fit_alpha, measure_costs, predicted_speedup
+from distill.speculative.costs import fit_alpha, measure_costs, predicted_speedup
 from distill.train import train
 
 # The full demo and --quick differ only in sizes and step counts.

@@ -7,7 +7,6 @@ into a run.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import difflib
@@ -426,12 +425,6 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     if errors:
         raise RecipeError(errors)
     return data
-
-
-def add_set_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--set KEY=VALUE` option (repeatable) that `load_recipe(..., overrides)` applies."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key before validation, e.g. --set training.max_steps=10 (repeatable; the value is read as YAML)")
 
 
 def load_recipe(path_or_dict: str | os.PathLike | dict, overrides: Sequence[str] = ()) -> Recipe:

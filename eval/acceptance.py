@@ -36,7 +36,7 @@ from distill.eval.report import write_outputs
 from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
-from distill.speedup import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
+from distill.speculative.costs import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
 from distill.machine_load import MachineLoad, warn
 from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree

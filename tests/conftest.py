@@ -1,12 +1,20 @@
-"""Shared fixtures: a tokenizer trained on the spot and tiny Qwen2 models. Nothing from the Hub."""
+"""Shared fixtures: a tokenizer trained on the spot, tiny Qwen2 models, and tiny training runs on
+disk (`tiny_run`). Nothing from the Hub."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import yaml
+from transformers import AutoTokenizer
 
 from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
@@ -48,3 +56,79 @@ def script():
         return module
 
     return load
+
+
+# The draft the tiny runs train, from scratch (a config, no weights).
+TINY_DRAFT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True}
+
+
+@dataclass
+class TinyRun:
+    """A folder holding the tiny target (target/, with its tokenizer), train.jsonl and eval.jsonl, and
+    the recipe sections its tests share. Stands for its folder: `run / "target"`, `os.fspath(run)`."""
+
+    root: Path
+    eval_rows: int
+    draft_vocab_size: int | None
+    sections: dict[str, dict[str, Any]]
+
+    def __truediv__(self, part: str | os.PathLike) -> Path:
+        return self.root / part
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def recipe(self, out: str = "out", *, root: str | os.PathLike | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
+        """A recipe dict training into `root / out` (root: this run's folder) on this run's target and
+        data; each of `sections` updates the section of that name, except `draft`, which replaces it
+        (a pretrained draft has no config)."""
+        root = Path(root or self.root)
+        config = ({"vocab_size": self.draft_vocab_size} if self.draft_vocab_size is not None else {}) | TINY_DRAFT
+        d = {
+            "seed": 0,
+            "output_dir": str(root / out),
+            "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
+            "draft": {"dtype": "float32", "config": config},
+            "data": {
+                "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
+                "eval_samples": self.eval_rows, "max_prompt_length": 40, "max_length": 64,
+            },
+            "teacher": {"mode": "online"},
+            "loss": {"divergence": "forward_kl"},
+            **copy.deepcopy(self.sections),
+        }
+        for key, value in sections.items():
+            d[key] = value if key == "draft" else {**d[key], **value}
+        return d
+
+    def write_recipe(self, name: str, **sections: dict[str, Any]) -> Path:
+        """`recipe(name, **sections)` written to `<folder>/<name>.yaml`."""
+        path = self.root / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(self.recipe(name, **sections)))
+        return path
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tokenizer, target, examples):
+    """`tiny_run(name, train_rows=, eval_rows=, training=, draft_vocab_pad=None, **sections) -> TinyRun`:
+    a fresh folder with the tiny target saved (embedding padded +32 past the tokenizer) with its
+    tokenizer, examples[:train_rows] as train.jsonl and examples[300:300 + eval_rows] as eval.jsonl
+    (all evaluated: data.eval_samples = eval_rows). `training` and `sections` (e.g. teacher) are the
+    recipe sections its tests share; `draft_vocab_pad` sets the draft's vocab_size to the saved
+    tokenizer's length plus that many rows (None: left out, so the draft gets the tokenizer's length)."""
+
+    def make(name: str, *, train_rows: int, eval_rows: int, training: dict[str, Any], draft_vocab_pad: int | None = None,
+             **sections: dict[str, Any]) -> TinyRun:
+        root = tmp_path_factory.mktemp(name)
+        target.save_pretrained(root / "target")
+        tokenizer.save_pretrained(root / "target")
+        for file, rows in (("train.jsonl", examples[:train_rows]), ("eval.jsonl", examples[300 : 300 + eval_rows])):
+            (root / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        vocab = None if draft_vocab_pad is None else len(AutoTokenizer.from_pretrained(root / "target")) + draft_vocab_pad
+        return TinyRun(root, eval_rows, vocab, {**sections, "training": training})
+
+    return make

@@ -103,48 +103,12 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, tokenizer, target, examples):
-    """A saved tiny target (embedding padded +32) and prompt/response JSONL files."""
-    root = tmp_path_factory.mktemp("faults")
-    target.save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
-    for name, rows in (("train.jsonl", examples[:48]), ("eval.jsonl", examples[300:308])):
-        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def recipe_dict(root: Path, out: str, **sections) -> dict:
-    d = {
-        "seed": 0,
-        "output_dir": str(root / out),
-        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
-        "draft": {
-            "dtype": "float32",
-            "config": {
-                "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
-            },
-        },
-        "data": {
-            "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
-            "eval_samples": 8, "max_prompt_length": 40, "max_length": 64,
-        },
-        "teacher": {"mode": "online"},
-        "loss": {"divergence": "forward_kl"},
-        "training": {
-            "max_steps": 8, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "cosine",
-            "warmup_ratio": 0.1, "logging_steps": 1, "save_steps": 2, "save_total_limit": 2, "report_to": ["none"],
-        },
-    }
-    for key, value in sections.items():
-        d[key] = {**d[key], **value}
-    return d
-
-
-def write_recipe(root: Path, name: str, **sections) -> Path:
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(recipe_dict(root, name, **sections)))
-    return path
+def tiny(tiny_run):
+    """A saved tiny target (embedding padded +32), 48 training and 8 eval examples, 8 cosine-scheduled steps."""
+    return tiny_run("faults", train_rows=48, eval_rows=8, training={
+        "max_steps": 8, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "cosine",
+        "warmup_ratio": 0.1, "logging_steps": 1, "save_steps": 2, "save_total_limit": 2, "report_to": ["none"],
+    })
 
 
 def final_state(output_dir: Path) -> tuple[dict[str, torch.Tensor], list[float], float]:
@@ -159,7 +123,7 @@ def final_state(output_dir: Path) -> tuple[dict[str, torch.Tensor], list[float],
 @pytest.fixture(scope="module")
 def straight(tiny):
     """The uninterrupted run every killed-and-resumed run must equal."""
-    assert train_main([str(write_recipe(tiny, "straight"))]) == 0
+    assert train_main([str(tiny.write_recipe("straight"))]) == 0
     return final_state(tiny / "straight")
 
 
@@ -189,7 +153,7 @@ TRAIN_KILLS = {
 @pytest.mark.parametrize("fault", [pytest.param(f, marks=[] if f == "mid-checkpoint-save" else [pytest.mark.slow]) for f in TRAIN_KILLS])
 def test_killed_training_resumes_to_the_uninterrupted_result(tiny, straight, fault):
     kill_at, resumes_from = TRAIN_KILLS[fault]
-    recipe = write_recipe(tiny, f"killed-{fault}")
+    recipe = tiny.write_recipe(f"killed-{fault}")
     out = tiny / f"killed-{fault}"
     assert_killed(run_cli(["train", str(recipe)], tiny, kill_at=kill_at))
     assert not (out / "draft").exists()
@@ -208,7 +172,7 @@ CACHE = {"mode": "cache", "top_k": 8, "batch_size": 4}
 
 @pytest.fixture(scope="module")
 def cache_recipe(tiny):
-    return write_recipe(tiny, "cached", teacher={**CACHE, "cache_dir": str(tiny / "cache")})
+    return tiny.write_recipe("cached", teacher={**CACHE, "cache_dir": str(tiny / "cache")})
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +197,7 @@ def test_killed_cache_teacher_reruns_to_a_byte_identical_cache(tiny, cache_recip
 
     losses = []
     for cache_dir in (straight_cache, where):
-        recipe = recipe_dict(tiny, f"on-{cache_dir.name}", teacher={**CACHE, "cache_dir": str(cache_dir)}, training={"max_steps": 2})
+        recipe = tiny.recipe(f"on-{cache_dir.name}", teacher={**CACHE, "cache_dir": str(cache_dir)}, training={"max_steps": 2})
         metrics = train(load_recipe(recipe))
         losses.append((metrics["train_loss"], metrics["eval_loss"]))
     assert losses[0] == losses[1]
@@ -307,7 +271,7 @@ def test_unreadable_shard_of_a_cache_without_checksums_is_named(cache_copy):
 
 @pytest.mark.parametrize("field", ["dataset", "tokenizer_fingerprint", "target"])
 def test_cache_of_another_dataset_tokenizer_or_target_is_refused(tiny, cache_copy, field):
-    recipe = recipe_dict(tiny, "mismatch", teacher={**CACHE, "cache_dir": str(cache_copy)})
+    recipe = tiny.recipe("mismatch", teacher={**CACHE, "cache_dir": str(cache_copy)})
     if field == "dataset":
         recipe["data"]["dataset"] = str(tiny / "eval.jsonl")
         field = "dataset_fingerprint"
@@ -323,7 +287,7 @@ def test_checkpoint_without_its_optimizer_state_is_refused(tiny, straight, tmp_p
     shutil.copytree(tiny / "straight", out)
     (out / "checkpoint-8" / "optimizer.pt").unlink()
     recipe = tmp_path / "run.yaml"
-    recipe.write_text(yaml.safe_dump({**recipe_dict(tiny, "straight"), "output_dir": str(out)}))
+    recipe.write_text(yaml.safe_dump({**tiny.recipe("straight"), "output_dir": str(out)}))
     with pytest.raises(FileNotFoundError, match=r"checkpoint-8 lacks optimizer\.pt.*restore the files, or delete checkpoint-8 to resume from checkpoint-6"):
         train(load_recipe(recipe), resume=True)
 
@@ -332,7 +296,7 @@ def test_checkpoint_without_its_optimizer_state_is_refused(tiny, straight, tmp_p
 def test_bad_input_ends_the_command_with_its_message_and_no_traceback(tiny, tmp_path, verb, capsys):
     """The CLI prints the clear message alone (exit 2), not a traceback that buries it."""
     recipe = tmp_path / "missing.yaml"
-    recipe.write_text(yaml.safe_dump({**recipe_dict(tiny, "missing", target={"name_or_path": str(tiny / "no-such-target")}),
+    recipe.write_text(yaml.safe_dump({**tiny.recipe("missing", target={"name_or_path": str(tiny / "no-such-target")}),
                                       "teacher": {"mode": "cache", "cache_dir": str(tmp_path / "cache")}}))
     main = train_main if verb == "train" else teacher_main
     assert main([str(recipe)]) == 2
@@ -343,7 +307,7 @@ def test_bad_input_ends_the_command_with_its_message_and_no_traceback(tiny, tmp_
 
 @pytest.mark.parametrize("key", ["target.name_or_path", "draft.name_or_path", "data.dataset", "data.eval_split"])
 def test_recipe_pointing_at_a_missing_file_names_the_key(tiny, key):
-    recipe = recipe_dict(tiny, "missing")
+    recipe = tiny.recipe("missing")
     section, name = key.split(".")
     if key == "draft.name_or_path":
         recipe["draft"] = {"name_or_path": str(tiny / "no-such-draft")}
@@ -376,7 +340,7 @@ def test_empty_dataset_is_refused(tiny):
 
 
 def test_max_length_past_the_models_context_is_refused_and_long_prompts_keep_their_end(tiny, tokenizer):
-    recipe = recipe_dict(tiny, "long", data={"max_length": 200, "max_prompt_length": 150})
+    recipe = tiny.recipe("long", data={"max_length": 200, "max_prompt_length": 150})
     with pytest.raises(ValueError, match=r"data.max_length 200 exceeds the draft's context of 128 positions: set data.max_length .* at most 128"):
         build_trainer(load_recipe(recipe))
     messages = [{"role": "user", "content": " ".join(["the red fox"] * 40)}]
@@ -390,7 +354,7 @@ def test_max_length_past_the_models_context_is_refused_and_long_prompts_keep_the
 # security defaults
 
 
-def _folder_with_code(tiny: Path, folder: Path, code: str, model_type: str, auto: dict) -> Path:
+def _folder_with_code(tiny, folder: Path, code: str, model_type: str, auto: dict) -> Path:
     """A copy of the tiny target whose config names `model_type` and maps Auto classes to code.py."""
     shutil.copytree(tiny / "target", folder)
     (folder / "code.py").write_text(code)
@@ -406,7 +370,7 @@ def test_remote_code_in_a_model_folder_is_never_run(tiny, tmp_path):
     auto = {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model", "AutoTokenizer": ["code.Tokenizer", None]}
     for name, model_type in (("known-type", "qwen2"), ("unknown-type", "evil_qwen")):
         folder = _folder_with_code(tiny, tmp_path / name, f"open({str(marker)!r}, 'w').write('ran')\n", model_type, auto)
-        recipe = load_recipe(recipe_dict(tiny, f"remote-{name}", target={"name_or_path": str(folder)}, data={"eval_split": None}))
+        recipe = load_recipe(tiny.recipe(f"remote-{name}", target={"name_or_path": str(folder)}, data={"eval_split": None}))
         if model_type == "qwen2":
             assert type(build_trainer(recipe).teacher).__module__.startswith("transformers.")
         else:
@@ -437,9 +401,9 @@ def test_remote_code_runs_only_when_the_recipe_sets_trust_remote_code(tiny, tmp_
     folder = _folder_with_code(tiny, tmp_path / "custom", REMOTE_CODE.format(marker=str(marker)), "custom_qwen",
                                {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model"})
     with pytest.raises(ValueError, match="trust_remote_code"):
-        build_trainer(load_recipe(recipe_dict(tiny, "custom-off", target={"name_or_path": str(folder)}, data={"eval_split": None})))
+        build_trainer(load_recipe(tiny.recipe("custom-off", target={"name_or_path": str(folder)}, data={"eval_split": None})))
     assert not marker.exists()
-    recipe = load_recipe(recipe_dict(tiny, "custom-on", target={"name_or_path": str(folder), "trust_remote_code": True}, data={"eval_split": None}))
+    recipe = load_recipe(tiny.recipe("custom-on", target={"name_or_path": str(folder), "trust_remote_code": True}, data={"eval_split": None}))
     teacher = build_trainer(recipe).teacher
     assert marker.exists() and type(teacher).__name__ == "Model" and not type(teacher).__module__.startswith("transformers.")
 
@@ -481,7 +445,7 @@ def hub_calls(monkeypatch):
 def test_nothing_is_uploaded_without_push_to_hub_and_the_token_is_never_written(tiny, straight, tmp_path, hub_calls, capfd, caplog):
     caplog.set_level(logging.DEBUG)
     recipe = tmp_path / "token.yaml"
-    recipe.write_text(yaml.safe_dump(recipe_dict(tmp_path, "run", target={"name_or_path": str(tiny / "target")},
+    recipe.write_text(yaml.safe_dump(tiny.recipe("run", root=tmp_path, target={"name_or_path": str(tiny / "target")},
                                                  data={"dataset": str(tiny / "train.jsonl"), "eval_split": None}, training={"max_steps": 1})))
     assert train_main([str(recipe)]) == 0
     assert publish_main([str(tmp_path / "run"), "--out", str(tmp_path / "local")]) == 0
@@ -526,7 +490,7 @@ def _one_line_error(capsys, prog: str) -> str:
 @pytest.mark.parametrize("command", ["accept", "publish", "bench"])
 def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, straight, tmp_path, capsys, command, damage):
     from distill.eval.acceptance import main as accept_main
-    from distill.speedup import main as bench_main
+    from distill.bench import main as bench_main
 
     draft = _damaged(tiny / "straight" / "draft", tmp_path / "draft", damage)
     target = str(tiny / "target")
@@ -545,7 +509,7 @@ def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, s
 
 
 def test_bench_refuses_a_draft_whose_tokenizer_differs_as_accept_does(tiny, straight, tmp_path, capsys):
-    from distill.speedup import main as bench_main
+    from distill.bench import main as bench_main
     from distill.tiny import build_tokenizer
 
     other = tmp_path / "other"

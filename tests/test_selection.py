@@ -4,7 +4,6 @@ them, with an online teacher or a teacher cache, full or LoRA."""
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -46,38 +45,23 @@ def test_token_losses_are_the_divergence_of_each_masked_token():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, tokenizer, target, examples):
-    """A saved target, a saved reference draft (a noisy copy of a small draft) and JSONL data."""
+def tiny(tiny_run, tokenizer):
+    """A saved target, a saved reference draft (a noisy copy of a small draft), 16 training and 4 eval examples."""
     from distill.tiny import tiny_qwen2
 
-    root = tmp_path_factory.mktemp("selection")
-    target.save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
+    run = tiny_run("selection", train_rows=16, eval_rows=4, training={
+        "max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 2, "report_to": ["none"],
+    })
     reference = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=5)
-    reference.save_pretrained(root / "reference")
-    tokenizer.save_pretrained(root / "reference")
-    for name, rows in (("train.jsonl", examples[:16]), ("eval.jsonl", examples[300:304])):
-        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+    reference.save_pretrained(run / "reference")
+    tokenizer.save_pretrained(run / "reference")
+    return run
 
 
-def recipe(root, keep: float | None = 0.4, **sections) -> dict:
-    d = {
-        "seed": 0, "output_dir": str(root / "out"),
-        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
-        "draft": {"dtype": "float32", "config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                                 "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True}},
-        "data": {"dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
-                 "eval_samples": 4, "max_prompt_length": 40, "max_length": 64},
-        "teacher": {"mode": "online"},
-        "loss": {"divergence": "forward_kl"},
-        "training": {"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 2, "report_to": ["none"]},
-    }
-    if keep is not None:
-        d["loss"]["token_selection"] = {"reference": str(root / "reference"), "keep_fraction": keep}
-    for key, value in sections.items():
-        d[key] = {**d[key], **value}
-    return d
+def recipe(run, keep: float | None = 0.4, **sections) -> dict:
+    """The run's recipe, with AdaSPEC selection of the `keep` fraction against the saved reference (None: none)."""
+    selection = {} if keep is None else {"token_selection": {"reference": str(run / "reference"), "keep_fraction": keep}}
+    return run.recipe(loss={**selection, **sections.pop("loss", {})}, **sections)
 
 
 def _batch(trainer):

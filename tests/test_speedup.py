@@ -1,5 +1,6 @@
-"""distill.speedup: the speedup formula by hand, best k, measured costs, a synthetic draft whose
-acceptance is what it was set to, and `distill bench` end to end on tiny models."""
+"""The speed model: the formula by hand, best k and measured costs (distill.speculative.costs), a
+synthetic draft whose acceptance is what it was set to (distill.synthetic), `distill bench` end to
+end on tiny models (distill.bench), and the old home distill.speedup still exporting them."""
 
 from __future__ import annotations
 
@@ -11,23 +12,18 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from distill.bench import main
 from distill.speculative import SpeculativeDecoder
-from distill.speedup import (
+from distill.speculative.costs import (
     Costs,
-    SyntheticDraft,
-    TargetBaseline,
     best_k,
     expected_tokens_per_round,
     fit_alpha,
-    greedy_decode,
-    main,
     measure_costs,
     predicted_speedup,
     resolve_backend,
-    run_synthetic,
-    synthetic_sweep,
-    target_baseline,
 )
+from distill.synthetic import SyntheticDraft, TargetBaseline, greedy_decode, run_synthetic, synthetic_sweep, target_baseline
 from distill.tiny import tiny_qwen2
 
 # Costs that make every prediction below a number checked by hand.
@@ -258,3 +254,17 @@ def test_the_speedup_model_refuses_the_compiled_backend(target, draft):
     with pytest.raises(ValueError, match="backend='static' or 'eager'"):
         resolve_backend("compiled", target, draft)
     assert resolve_backend("static", target, draft) == "static"
+
+
+def test_the_old_home_still_exports_the_public_names():
+    """Recipes and user code that import from distill.speedup keep working (docs/architecture.md)."""
+    import distill.bench
+    import distill.speculative.costs
+    import distill.synthetic
+    import distill.speedup as old
+
+    homes = (distill.speculative.costs, distill.synthetic, distill.bench)
+    for name in old.__all__:
+        assert any(getattr(home, name, None) is getattr(old, name) for home in homes), name
+    called = {"Costs", "SyntheticDraft", "best_k", "fit_alpha", "main", "measure_costs", "predicted_speedup", "run_synthetic", "synthetic_sweep"}
+    assert called <= set(old.__all__)

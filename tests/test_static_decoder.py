@@ -17,8 +17,8 @@ import torch
 import distill.speculative.decoder as decoder_module
 import distill.speculative.loop as loop_module
 from distill.speculative import SpeculativeDecoder
+from distill.speculative.costs import measure_costs_static
 from distill.speculative.loop import SpecLoop, target_only_generate
-from distill.speculative.static import measure_costs_static
 from distill.tiny import noisy_copy, tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent

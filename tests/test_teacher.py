@@ -35,45 +35,19 @@ TOP_K = 8
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer, target, examples):
-    """A saved target (embedding padded +32 past the tokenizer) and prompt/response JSONL files."""
-    root = tmp_path_factory.mktemp("teacher")
-    target.save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
-    for name, rows in (("train.jsonl", examples[:10]), ("eval.jsonl", examples[300:306])):
-        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+def tiny_dir(tiny_run):
+    """A saved target (embedding padded +32 past the tokenizer), 10 training and 6 eval examples, and
+    recipes that cache the teacher's top-k in <folder>/cache."""
+    run = tiny_run("teacher", train_rows=10, eval_rows=6, draft_vocab_pad=8,
+                   training={"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": ["none"]})
+    run.sections["teacher"] = {"mode": "cache", "cache_dir": str(run / "cache"), "top_k": TOP_K, "batch_size": 3}
+    return run
 
 
 @pytest.fixture(scope="module")
 def saved_tokenizer(tiny_dir):
     """The target's tokenizer as every run loads it (from the saved target directory)."""
     return AutoTokenizer.from_pretrained(tiny_dir / "target")
-
-
-def recipe_dict(root, tokenizer, **sections) -> dict:
-    d = {
-        "seed": 0,
-        "output_dir": str(root / "out"),
-        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
-        "draft": {
-            "dtype": "float32",
-            "config": {
-                "vocab_size": len(tokenizer) + 8, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
-            },
-        },
-        "data": {
-            "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
-            "eval_samples": 6, "max_prompt_length": 40, "max_length": 64,
-        },
-        "teacher": {"mode": "cache", "cache_dir": str(root / "cache"), "top_k": TOP_K, "batch_size": 3},
-        "loss": {"divergence": "forward_kl"},
-        "training": {"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": ["none"]},
-    }
-    for key, value in sections.items():
-        d[key] = {**d[key], **value}
-    return d
 
 
 def test_response_mask_marks_positions_predicting_response_tokens():
@@ -102,7 +76,7 @@ def test_online_teacher_is_frozen_in_eval_mode(target):
 def test_cache_round_trip_manifest_and_resume(tiny_dir, saved_tokenizer, target):
     tokenizer = saved_tokenizer
     recipe_path = tiny_dir / "recipe.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe_dict(tiny_dir, tokenizer)))
+    recipe_path.write_text(yaml.safe_dump(tiny_dir.recipe()))
     assert main([str(recipe_path), "--shard-size", "4"]) == 0
     where = cache_dirs(tiny_dir / "cache")
     cache = TeacherCache(where["train"])
@@ -115,7 +89,7 @@ def test_cache_round_trip_manifest_and_resume(tiny_dir, saved_tokenizer, target)
     assert TeacherCache(where["eval"]).manifest["num_examples"] == 6
 
     # Each example's rows are the target's top-k on its response positions, ids on the real vocabulary.
-    recipe = load_recipe(recipe_dict(tiny_dir, tokenizer))
+    recipe = load_recipe(tiny_dir.recipe())
     dataset = build_train_dataset(recipe.data, tokenizer)
     row = dataset[5]
     with torch.no_grad():
@@ -158,8 +132,8 @@ def test_cached_sparse_loss_equals_online_sparse_loss(tiny_dir, saved_tokenizer,
     from distill.train import build_trainer
 
     cache_dir = tiny_dir / f"cache-{dtype}"
-    online = load_recipe(recipe_dict(tiny_dir, tokenizer, teacher={"mode": "online"}, loss={"top_k": TOP_K}))
-    cached = load_recipe(recipe_dict(tiny_dir, tokenizer, teacher={"cache_dir": str(cache_dir)}, loss={"top_k": TOP_K}))
+    online = load_recipe(tiny_dir.recipe(teacher={"mode": "online"}, loss={"top_k": TOP_K}))
+    cached = load_recipe(tiny_dir.recipe(teacher={"cache_dir": str(cache_dir)}, loss={"top_k": TOP_K}))
     dataset = build_train_dataset(online.data, tokenizer)
     identity = cache_identity(online.target.name_or_path, None, tokenizer, dataset)
     write_cache(target, dataset, cache_dirs(cache_dir)["train"], identity, top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, batch_size=3, shard_size=4, dtype=dtype)
@@ -187,7 +161,7 @@ def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_
 
     tokenizer = saved_tokenizer
     gens = tmp_path / "generations.jsonl"
-    d = recipe_dict(tiny_dir, tokenizer, teacher={"cache_dir": str(tmp_path / "cache")},
+    d = tiny_dir.recipe(teacher={"cache_dir": str(tmp_path / "cache")},
                     data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 6})
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(d))
@@ -225,7 +199,7 @@ def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_
     runs = {}
     for procs in (1, 2):
         root = tmp_path / f"p{procs}"
-        d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"cache_dir": str(root / "cache")},
+        d = tiny_dir.recipe(teacher={"cache_dir": str(root / "cache")},
                         data={"response_source": "target", "generation_cache": str(root / "gens.jsonl"), "generation_max_new_tokens": 6})
         (root).mkdir()
         (root / "recipe.yaml").write_text(yaml.safe_dump(d))
@@ -259,7 +233,7 @@ def test_under_zero3_seq_kd_reads_a_finished_generation_cache_or_says_to_make_on
     import distill.train as train_module
     from distill.data import generate_responses, load_examples
 
-    d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"mode": "online"},
+    d = tiny_dir.recipe(teacher={"mode": "online"},
                     data={"response_source": "target", "generation_cache": str(tmp_path / "gens.jsonl"), "generation_max_new_tokens": 6})
     monkeypatch.setattr(train_module, "_zero3", lambda: True)
     with pytest.raises(ValueError, match=r"ZeRO-3 partitions it.*run `distill cache-teacher RECIPE` first"):
@@ -281,7 +255,7 @@ def test_seq_kd_caching_keeps_the_generation_logits_instead_of_a_second_pass(tin
     from distill.topk_store import TopKStore, store_dir
 
     gens = tmp_path / "generations.jsonl"
-    d = recipe_dict(tiny_dir, saved_tokenizer, teacher={"cache_dir": str(tmp_path / "cache"), "top_k": TOP_K},
+    d = tiny_dir.recipe(teacher={"cache_dir": str(tmp_path / "cache"), "top_k": TOP_K},
                     data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 12})
     recipe = load_recipe(d)
     forwards = []

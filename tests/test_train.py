@@ -35,13 +35,14 @@ def _chat(tokenizer, example: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer, target, draft, examples):
+def tiny_dir(tiny_run, tokenizer, target, draft, examples):
     """A target trained briefly on the corpus (so it has a distribution worth matching; embedding
-    padded +32), a pretrained-draft directory (padded +8) and prompt/response JSONL files."""
-    root = tmp_path_factory.mktemp("train")
-    tokenizer.save_pretrained(root / "target")
-    target.save_pretrained(root / "target")
-    tok = AutoTokenizer.from_pretrained(root / "target")  # as every run loads it
+    padded +32), a pretrained-draft directory (padded +8), 64 training and 16 eval examples."""
+    run = tiny_run("train", train_rows=64, eval_rows=16, draft_vocab_pad=8, training={
+        "max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "constant",
+        "logging_steps": 1, "save_steps": 100, "report_to": ["none"],
+    })
+    tok = AutoTokenizer.from_pretrained(run / "target")  # as every run loads it
     model = copy.deepcopy(target).train()
     enc = tok([_chat(tok, e) for e in examples], add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -52,41 +53,10 @@ def tiny_dir(tmp_path_factory, tokenizer, target, draft, examples):
         model(input_ids=ids, attention_mask=att, labels=ids.masked_fill(att == 0, -100)).loss.backward()
         opt.step()
         opt.zero_grad()
-    model.eval().save_pretrained(root / "target")
-    draft.save_pretrained(root / "draft")
-    tokenizer.save_pretrained(root / "draft")
-    for name, rows in (("train.jsonl", examples[:64]), ("eval.jsonl", examples[300:316])):
-        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def recipe_dict(root: Path, out: str, **sections) -> dict:
-    tok_len = len(AutoTokenizer.from_pretrained(root / "target"))
-    d = {
-        "seed": 0,
-        "output_dir": str(root / out),
-        "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
-        "draft": {
-            "dtype": "float32",
-            "config": {
-                "vocab_size": tok_len + 8, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
-            },
-        },
-        "data": {
-            "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
-            "eval_samples": 16, "max_prompt_length": 40, "max_length": 64,
-        },
-        "teacher": {"mode": "online"},
-        "loss": {"divergence": "forward_kl"},
-        "training": {
-            "max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "constant",
-            "logging_steps": 1, "save_steps": 100, "report_to": ["none"],
-        },
-    }
-    for key, value in sections.items():
-        d[key] = value if key == "draft" else {**d[key], **value}  # a draft section replaces the default one
-    return d
+    model.eval().save_pretrained(run / "target")
+    draft.save_pretrained(run / "draft")
+    tokenizer.save_pretrained(run / "draft")
+    return run
 
 
 class StopAt(TrainerCallback):
@@ -102,7 +72,7 @@ class StopAt(TrainerCallback):
 
 
 def test_distillation_raises_heldout_expected_acceptance(tiny_dir):
-    recipe = load_recipe(recipe_dict(tiny_dir, "kd", training={"max_steps": 30}))
+    recipe = load_recipe(tiny_dir.recipe("kd", training={"max_steps": 30}))
     trainer = build_trainer(recipe)
     before = trainer.evaluate()
     trainer.train()
@@ -116,8 +86,8 @@ def test_distillation_raises_heldout_expected_acceptance(tiny_dir):
 
 
 def test_ce_weight_adds_cross_entropy_on_the_labels(tiny_dir):
-    plain = build_trainer(load_recipe(recipe_dict(tiny_dir, "ce0")))
-    with_ce = build_trainer(load_recipe(recipe_dict(tiny_dir, "ce1", loss={"ce_weight": 0.5})))
+    plain = build_trainer(load_recipe(tiny_dir.recipe("ce0")))
+    with_ce = build_trainer(load_recipe(tiny_dir.recipe("ce1", loss={"ce_weight": 0.5})))
     batch = next(iter(plain.get_train_dataloader()))
     with torch.no_grad():
         kd = plain.compute_loss(plain.model, batch)
@@ -130,10 +100,10 @@ def test_ce_weight_adds_cross_entropy_on_the_labels(tiny_dir):
 
 def test_resumed_run_ends_with_the_same_weights(tiny_dir):
     sections = {"training": {"max_steps": 6, "save_steps": 3}, "data": {"eval_split": None}}
-    straight = build_trainer(load_recipe(recipe_dict(tiny_dir, "straight", **sections)))
+    straight = build_trainer(load_recipe(tiny_dir.recipe("straight", **sections)))
     straight.train()
 
-    interrupted = load_recipe(recipe_dict(tiny_dir, "resumed", **sections))
+    interrupted = load_recipe(tiny_dir.recipe("resumed", **sections))
     build_trainer(interrupted, callbacks=[StopAt(3)]).train()
     assert (Path(interrupted.output_dir) / "checkpoint-3").is_dir()
     assert not (Path(interrupted.output_dir) / "checkpoint-6").exists()
@@ -152,7 +122,7 @@ def test_resumed_run_ends_with_the_same_weights(tiny_dir):
 
 def test_lora_run_merges_into_a_model_with_the_same_logits(tiny_dir):
     draft = {"name_or_path": str(tiny_dir / "draft"), "dtype": "float32", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}}
-    recipe = load_recipe(recipe_dict(tiny_dir, "lora", draft=draft, training={"max_steps": 3}, data={"eval_split": None}))
+    recipe = load_recipe(tiny_dir.recipe("lora", draft=draft, training={"max_steps": 3}, data={"eval_split": None}))
     trainer = build_trainer(recipe)
     trainer.train()
     batch = next(iter(trainer.get_train_dataloader()))
@@ -170,7 +140,7 @@ def test_lora_run_merges_into_a_model_with_the_same_logits(tiny_dir):
     base = AutoModelForCausalLM.from_pretrained(tiny_dir / "draft")
     assert not torch.allclose(base.model.layers[0].self_attn.q_proj.weight, merged.model.layers[0].self_attn.q_proj.weight)
 
-    unmerged = load_recipe(recipe_dict(tiny_dir, "lora-adapter", draft={**draft, "merge_on_save": False}, training={"max_steps": 1}, data={"eval_split": None}))
+    unmerged = load_recipe(tiny_dir.recipe("lora-adapter", draft={**draft, "merge_on_save": False}, training={"max_steps": 1}, data={"eval_split": None}))
     train(unmerged)
     assert (Path(unmerged.output_dir) / "draft" / "adapter_config.json").exists()
 
@@ -180,14 +150,14 @@ def test_draft_with_another_tokenizer_is_refused(tiny_dir, examples):
     model = tiny_qwen2(len(other) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=other)
     model.save_pretrained(tiny_dir / "foreign-draft")
     other.save_pretrained(tiny_dir / "foreign-draft")
-    recipe = load_recipe(recipe_dict(tiny_dir, "foreign", draft={"name_or_path": str(tiny_dir / "foreign-draft")}))
+    recipe = load_recipe(tiny_dir.recipe("foreign", draft={"name_or_path": str(tiny_dir / "foreign-draft")}))
     with pytest.raises(ValueError, match="tokenizers (differ|disagree)"):
         build_trainer(recipe)
 
 
 def test_recipe_run_writes_the_output_layout(tiny_dir):
     recipe_path = tiny_dir / "layout.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe_dict(tiny_dir, "layout", training={"max_steps": 2, "save_steps": 2, "eval_steps": 1})))
+    recipe_path.write_text(yaml.safe_dump(tiny_dir.recipe("layout", training={"max_steps": 2, "save_steps": 2, "eval_steps": 1})))
     assert main([str(recipe_path)]) == 0
     out = tiny_dir / "layout"
     assert (out / "checkpoint-2").is_dir()
@@ -201,23 +171,23 @@ def test_recipe_run_writes_the_output_layout(tiny_dir):
     history = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     assert any("eval_expected_acceptance" in h and "eval_loss" in h for h in history)
     fresh = tiny_dir / "fresh.yaml"
-    fresh.write_text(yaml.safe_dump(recipe_dict(tiny_dir, "fresh")))
+    fresh.write_text(yaml.safe_dump(tiny_dir.recipe("fresh")))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(load_recipe(fresh), resume=True)
 
 
 def test_cache_mode_trains_and_reports_acceptance(tiny_dir):
-    recipe = load_recipe(recipe_dict(tiny_dir, "cached", teacher={"mode": "cache", "cache_dir": str(tiny_dir / "cache"), "top_k": 16}, training={"max_steps": 2}))
+    recipe = load_recipe(tiny_dir.recipe("cached", teacher={"mode": "cache", "cache_dir": str(tiny_dir / "cache"), "top_k": 16}, training={"max_steps": 2}))
     cache_teacher(recipe)
     metrics = train(recipe)
     assert metrics["train_loss"] > 0 and 0 < metrics["eval_expected_acceptance"] < 1
-    on_policy = load_recipe(recipe_dict(tiny_dir, "cached-on-policy", teacher=dataclasses.asdict(recipe.teacher), loss={"lmbda": 0.5}))
+    on_policy = load_recipe(tiny_dir.recipe("cached-on-policy", teacher=dataclasses.asdict(recipe.teacher), loss={"lmbda": 0.5}))
     with pytest.raises(ValueError, match="online teacher"):
         build_trainer(on_policy)
 
 
 def test_on_policy_batches_keep_prompts_and_train_on_samples(tiny_dir):
-    recipe = load_recipe(recipe_dict(tiny_dir, "on-policy", loss={"lmbda": 1.0, "max_new_tokens_on_policy": 8}, training={"max_steps": 2}, data={"eval_split": None}))
+    recipe = load_recipe(tiny_dir.recipe("on-policy", loss={"lmbda": 1.0, "max_new_tokens_on_policy": 8}, training={"max_steps": 2}, data={"eval_split": None}))
     trainer = build_trainer(recipe)
     batch = next(iter(trainer.get_train_dataloader()))
     new = trainer._on_policy_inputs(trainer.model, batch)
@@ -252,8 +222,8 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
     pytest.importorskip("deepspeed")
     sections = {"training": {"max_steps": 3, "save_steps": 3}, "data": {"eval_split": None}}
     if not (tiny_dir / "plain").exists():
-        train(load_recipe(recipe_dict(tiny_dir, "plain", **sections)))
-    (tiny_dir / f"{stage}.yaml").write_text(yaml.safe_dump(recipe_dict(tiny_dir, stage, **sections)))
+        train(load_recipe(tiny_dir.recipe("plain", **sections)))
+    (tiny_dir / f"{stage}.yaml").write_text(yaml.safe_dump(tiny_dir.recipe(stage, **sections)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
     cmd = [
@@ -267,7 +237,7 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
     loss = _first_loss(tiny_dir / stage)
     assert 0 < loss < float("inf")
     assert loss == pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-4)
-    assert AutoModelForCausalLM.from_pretrained(tiny_dir / stage / "draft").config.vocab_size == recipe_dict(tiny_dir, stage)["draft"]["config"]["vocab_size"]
+    assert AutoModelForCausalLM.from_pretrained(tiny_dir / stage / "draft").config.vocab_size == tiny_dir.recipe(stage)["draft"]["config"]["vocab_size"]
 
 
 def test_prepare_tiny_writes_what_tiny_cpu_recipe_trains_on(tmp_path):

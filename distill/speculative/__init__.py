@@ -1,6 +1,6 @@
 """The bundled lossless speculative decoder."""
 
-from distill.speculative.decoder import SpecOutput, SpeculativeDecoder
-from distill.speculative.stats import SpecStats
+from distill.speculative.decoder import SpeculativeDecoder
+from distill.speculative.stats import SpecOutput, SpecStats
 
 __all__ = ["SpecOutput", "SpecStats", "SpeculativeDecoder"]

@@ -5,7 +5,6 @@ inputs, picks the backend, and runs the draft -> verify -> accept loop of
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -13,16 +12,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from distill.speculative.loop import SpecLoop
 from distill.speculative.schedule import make_schedule
 from distill.speculative.static import BACKENDS, graphs_available, layer_kinds, static_problem
-from distill.speculative.stats import SpecStats
+from distill.speculative.stats import SpecOutput
 from distill.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
-
-
-@dataclass
-class SpecOutput:
-    """`sequences` as `generate` returns them (prompt + new tokens, finished rows right-padded)."""
-
-    sequences: torch.LongTensor
-    stats: SpecStats
 
 
 def _context_length(model: PreTrainedModel) -> int:

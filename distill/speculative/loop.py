@@ -16,7 +16,7 @@ outside them; the one host sync of a round reads what the verify step wrote."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -25,10 +25,7 @@ from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import greedy_accept, rejection_accept, sample, warp
 from distill.speculative.schedule import make_schedule
 from distill.speculative.static import Clock, Graphs, check_static_model, graphs_available
-from distill.speculative.stats import SpecStats
-
-if TYPE_CHECKING:
-    from distill.speculative.decoder import SpecOutput, SpeculativeDecoder
+from distill.speculative.stats import SpecOutput, SpecStats
 
 
 class SpecLoop:
@@ -70,8 +67,9 @@ class SpecLoop:
         self.sampling, self.temperature, self.top_p = False, 1.0, 1.0
 
     @classmethod
-    def for_decoder(cls, decoder: SpeculativeDecoder, cache: str) -> SpecLoop:
-        """The loop for a SpeculativeDecoder's pair and settings, on `cache`."""
+    def for_decoder(cls, decoder: Any, cache: str) -> SpecLoop:
+        """The loop for a SpeculativeDecoder's pair and settings, on `cache` (the decoder imports this
+        module, so its type is not named here)."""
         rows = decoder.draft_rows if decoder.draft_rows < decoder.target_vocab else None
         compiled = decoder.backend == "compiled"
         return cls(decoder.target, decoder.draft, decoder.num_draft_tokens, decoder.schedule_name, decoder.vocab_size,
@@ -220,8 +218,6 @@ class SpecLoop:
                  temperature: float = 1.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> SpecOutput:
         """Generation of checked inputs (see SpeculativeDecoder.generate); `start` is when the call
         began, for TTFT and wall time."""
-        from distill.speculative.decoder import SpecOutput
-
         start = time.perf_counter() if start is None else start
         batch, prompt_len = input_ids.shape
         schedule = make_schedule(self.schedule_name, self.num_draft_tokens)

@@ -1,5 +1,6 @@
 """What the GPU loop needs beyond the models: which models static caches can serve, CUDA graphs
-captured once per step and replayed, device-side timing, and the cost of the static steps.
+captured once per step and replayed, and device-side timing (`distill.speculative.costs` times the
+static steps).
 
 The loop (`distill.speculative.loop`) keeps every step free of host synchronisation and of
 tensors allocated per call, so on CUDA each round's draft steps and verify step are replayed as
@@ -8,18 +9,11 @@ check them."""
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
-
-from distill.speculative.cache import StaticSide
-
-if TYPE_CHECKING:
-    from distill.speedup import Costs
 
 BACKENDS = ("eager", "static", "compiled", "auto")
 _ATTENTION = ("sdpa", "eager")
@@ -111,58 +105,3 @@ class Clock:
     def seconds(self, i: int, j: int) -> float:
         a, b = self.marks[i], self.marks[j]
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-
-@torch.inference_mode()
-def measure_costs_static(target: PreTrainedModel, draft: PreTrainedModel, ks: Iterable[int] = range(1, 9),
-                         prompt_len: int = 128, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                         graphs: bool | None = None) -> Costs:
-    """c and v(k) of the static loop's own steps on a warm cache of `prompt_len` tokens: a one-token
-    draft step, a one-token target step and the target's (k+1)-token verify, each replayed as a
-    CUDA graph where available (`graphs`: default on CUDA); medians of `repeats` interleaved timings
-    after `warmup` rounds (the first of which captures)."""
-    from distill.speedup import Costs
-
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1 or prompt_len < 1 or repeats < 1 or warmup < 1:
-        raise ValueError(f"need ks >= 1, prompt_len, repeats and warmup >= 1, got {ks}, {prompt_len}, {repeats}, {warmup}")
-    device = next(target.parameters()).device
-    enabled = graphs_available(device) if graphs is None else graphs
-    check_static_model(target, "target")
-    check_static_model(draft, "draft")
-    vocab = min(target.get_input_embeddings().num_embeddings, draft.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)
-    tokens = torch.randint(0, vocab, (1, ks[-1] + 1), generator=gen).to(device)
-    capacity = prompt_len + ks[-1] + 1
-    sides = {"target": StaticSide(target, 1, capacity), "draft": StaticSide(draft, 1, capacity)}
-    positions = torch.arange(capacity, device=device)[None]
-    for side in sides.values():
-        side.forward(prompt, positions[:, :prompt_len], keep=1)
-    runner = Graphs(device, enabled)
-    sink = torch.zeros(1, dtype=torch.long, device=device)
-
-    def step(side: StaticSide, n: int) -> Callable[[], None]:
-        def run() -> None:
-            sink.copy_(side.forward(tokens[:, :n], positions[:, prompt_len : prompt_len + n], keep=n)[:, -1].argmax(-1))
-            side.length -= n  # back to prompt_len: every replay sees the same warm cache
-        return run
-
-    jobs = [("target", sides["target"], 1), ("draft", sides["draft"], 1)] + [(k, sides["target"], k + 1) for k in ks]
-    state = [s.length for s in sides.values()] + [sink]
-    times: dict = {name: [] for name, _, _ in jobs}
-    for r in range(warmup + repeats):
-        for name, side, n in jobs:
-            fn = step(side, n)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            runner.run(name, fn, lambda: state)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if r >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    t, d = med["target"], med["draft"]
-    return Costs(target_step_s=t, draft_step_s=d, c=d / t, v={k: med[k] / t for k in ks}, device=str(device),
-                 dtype=str(next(target.parameters()).dtype).removeprefix("torch."), prompt_len=prompt_len, repeats=repeats)

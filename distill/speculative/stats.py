@@ -1,9 +1,11 @@
-"""What one speculative generation measured: acceptance, accepted length, per-position
-acceptance, forwards, time to first token and time per output token."""
+"""What one speculative generation returns and measured: its sequences, and acceptance, accepted
+length, per-position acceptance, forwards, time to first token and time per output token."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 
 @dataclass
@@ -83,3 +85,11 @@ class SpecStats:
                      "per_position_acceptance", "tpot_s", "tokens_per_s"):
             out[name] = getattr(self, name)
         return out
+
+
+@dataclass
+class SpecOutput:
+    """`sequences` as `generate` returns them (prompt + new tokens, finished rows right-padded)."""
+
+    sequences: torch.LongTensor
+    stats: SpecStats
