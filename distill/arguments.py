@@ -12,8 +12,14 @@ TASK_NAMES = ["cnndm", "gsm8k", "mmlu"]
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
     """The `--set KEY=VALUE` option (repeatable) that `distill.recipe.load_recipe(..., overrides)` applies."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key before validation, e.g. --set training.max_steps=10 (repeatable; the value is read as YAML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key before validation, e.g. --set training.max_steps=10 (repeatable; the value is read as YAML)",
+    )
 
 
 def _device(p: argparse.ArgumentParser, what: str = "") -> None:
@@ -42,12 +48,20 @@ def _cache_teacher(p: argparse.ArgumentParser) -> None:
 
 def _accept(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="Hub id, folder or .gguf of the target (its tokenizer and chat template are used)")
-    p.add_argument("--draft", action="append", required=True,
-                   help="draft Hub id, folder or .gguf, NAME=PATH to name it; repeatable or comma-separated; a training output "
-                        "folder resolves to its draft/")
+    p.add_argument(
+        "--draft",
+        action="append",
+        required=True,
+        help="draft Hub id, folder or .gguf, NAME=PATH to name it; repeatable or comma-separated; a training output folder resolves to its draft/",
+    )
     p.add_argument("--tasks", default="gsm8k,mmlu,cnndm", help=f"comma-separated, from {TASK_NAMES}")
-    p.add_argument("--data-file", action="append", default=[], metavar="TASK=PATH",
-                   help="read a task from a local JSONL/JSON/Parquet file with the Hub's columns (repeatable)")
+    p.add_argument(
+        "--data-file",
+        action="append",
+        default=[],
+        metavar="TASK=PATH",
+        help="read a task from a local JSONL/JSON/Parquet file with the Hub's columns (repeatable)",
+    )
     p.add_argument("--num-samples", type=int, help="prompts per task (default: each task's own, e.g. 300 for gsm8k)")
     p.add_argument("--seed", type=int, default=0, help="sampling of task examples, and of tokens when --temperature > 0")
     p.add_argument("--max-new-tokens", type=int, help="generation length for every task (default: each task's own)")
@@ -74,15 +88,21 @@ def _bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config-draft", help="a Qwen2Config JSON: random-weight draft of that shape")
     p.add_argument("--ks", default="1..8", help="draft lengths, e.g. 1..8 or 1,2,4 (default 1..8)")
     p.add_argument("--alpha", help="acceptance rate(s) to predict at (default: the synthetic ones, else α measured with the real draft)")
-    p.add_argument("--synthetic-acceptance", help="run the verification loop at these controlled acceptance rates, "
-                   "e.g. 0.5,0.7,0.9, and report measured vs predicted speedup")
+    p.add_argument(
+        "--synthetic-acceptance",
+        help="run the verification loop at these controlled acceptance rates, e.g. 0.5,0.7,0.9, and report measured vs predicted speedup",
+    )
     p.add_argument("--num-draft-tokens", type=int, default=5, help="k at which α of the real draft is measured (default 5)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt length for costs and synthetic runs (default 128)")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per decoding run (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--repeats", type=int, default=20, help="timed repeats per cost measurement (median; default 20)")
-    p.add_argument("--backend", default="auto", choices=["eager", "static", "auto"], help="the decoding loop timed: eager, static "
-                   "(static caches + CUDA graphs), or auto: static on CUDA, eager elsewhere (default)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["eager", "static", "auto"],
+        help="the decoding loop timed: eager, static (static caches + CUDA graphs), or auto: static on CUDA, eager elsewhere (default)",
+    )
     _device(p)
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, float32 elsewhere")
     p.add_argument("--seed", type=int, default=0)
@@ -133,8 +153,12 @@ def _prepare_tiny(p: argparse.ArgumentParser) -> None:
 def _convert_gguf(p: argparse.ArgumentParser) -> None:
     p.add_argument("gguf", help="the .gguf file (e.g. ~/.cache/distill-real/qwen2.5-coder-0.5b-instruct.gguf)")
     p.add_argument("out", help="the folder to write; must not exist")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="weights on disk: float32 keeps the dequantised values exactly, bfloat16 halves the size")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="weights on disk: float32 keeps the dequantised values exactly, bfloat16 halves the size",
+    )
 
 
 # verb -> (module whose main() runs it, one line of help, its arguments)

@@ -46,8 +46,11 @@ from distill.vocab import check_special_ids_agree, check_tokenizers_agree
 def tiny_pair(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """A ~14M-parameter target and a ~0.3M draft (random weights, untied heads) with their tokenizer,
     big enough on a CPU that a target step costs several draft steps."""
-    return random_pair({"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 1536},
-                       {"hidden_size": 64, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}, seed)
+    return random_pair(
+        {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 1536},
+        {"hidden_size": 64, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192},
+        seed,
+    )
 
 
 def _parse_ks(text: str) -> list[int]:
@@ -95,8 +98,10 @@ def _load(args: argparse.Namespace, dtype: torch.dtype):
             raise SystemExit(f"distill bench: give --{side} or --model-config-{side}, not both")
     given = {side: bool(path or cfg) for side, (path, cfg) in sides.items()}
     if given["target"] != given["draft"]:
-        raise SystemExit("distill bench: give both a target and a draft (--target/--model-config-target and "
-                         "--draft/--model-config-draft), or neither for the built-in tiny pair")
+        raise SystemExit(
+            "distill bench: give both a target and a draft (--target/--model-config-target and "
+            "--draft/--model-config-draft), or neither for the built-in tiny pair"
+        )
     if not given["target"]:
         target, draft, tok = tiny_pair(args.seed)
         names = {"target": "tiny Qwen2 (random weights)", "draft": "tiny Qwen2 (random weights)"}
@@ -165,19 +170,32 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"`{settings['command']}` — {env['device_name']} ({env['device']}), {env['dtype']}, {report['backend']} loop, torch {env['torch']}, "
         f"transformers {env['transformers']}; costs on a warm cache of {costs['prompt_len']} tokens, median of {costs['repeats']}.",
         "",
-        markdown_table(["target step ms", "draft step ms", "c = draft / target"],
-                       [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"]]]),
+        markdown_table(["target step ms", "draft step ms", "c = draft / target"], [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"]]]),
         "",
         f"Predicted speedup = E[tokens per round] / (k·c + v(k)); α {report['alpha_source']}.",
         "",
-        markdown_table(["k", "v(k)"] + [f"α = {a:g}" for a in alphas],
-                       [[k, costs["v"][str(k)]] + [pred[(a, k)] for a in alphas] for k in ks]
-                       + [["best k", ""] + [f"{best[a]['best_k']} ({best[a]['predicted_speedup']:.2f}×)" for a in alphas]]),
+        markdown_table(
+            ["k", "v(k)"] + [f"α = {a:g}" for a in alphas],
+            [[k, costs["v"][str(k)]] + [pred[(a, k)] for a in alphas] for k in ks]
+            + [["best k", ""] + [f"{best[a]['best_k']} ({best[a]['predicted_speedup']:.2f}×)" for a in alphas]],
+        ),
     ]
     if report["synthetic"]:
-        rows = [[r["alpha"], r["k"], r["measured_alpha"], r["acceptance_rate"], r["tokens_per_target_forward"], r["speedup"],
-                 r["decode_speedup"], r["predicted_speedup"], f"{(r['decode_speedup'] / r['predicted_speedup'] - 1) * 100:+.1f}%",
-                 f"{r['greedy_identity'] * 100:.0f}%"] for r in report["synthetic"]]
+        rows = [
+            [
+                r["alpha"],
+                r["k"],
+                r["measured_alpha"],
+                r["acceptance_rate"],
+                r["tokens_per_target_forward"],
+                r["speedup"],
+                r["decode_speedup"],
+                r["predicted_speedup"],
+                f"{(r['decode_speedup'] / r['predicted_speedup'] - 1) * 100:+.1f}%",
+                f"{r['greedy_identity'] * 100:.0f}%",
+            ]
+            for r in report["synthetic"]
+        ]
         first = report["synthetic"][0]
         lines += [
             "",
@@ -186,8 +204,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             "EOS ignored). Decode speedup leaves out time to first token; predicted uses the measured α, c and v(k); "
             "error = decode speedup / predicted − 1.",
             "",
-            markdown_table(["α", "k", "measured α", "acceptance rate", "tokens / target forward", "speedup", "decode speedup",
-                            "predicted", "error", "greedy identity"], rows),
+            markdown_table(
+                ["α", "k", "measured α", "acceptance rate", "tokens / target forward", "speedup", "decode speedup", "predicted", "error", "greedy identity"],
+                rows,
+            ),
         ]
     return "\n".join(lines)
 
@@ -247,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         source = f"measured with the real draft (k = {k0}, {len(real)} {kind})"
     synthetic = []
     if args.synthetic_acceptance:
-        synthetic = synthetic_sweep(target, draft, args.synthetic_acceptance, args.ks, prompts, args.max_new_tokens,
-                                    costs=costs, seed=args.seed, backend=backend)
+        synthetic = synthetic_sweep(
+            target, draft, args.synthetic_acceptance, args.ks, prompts, args.max_new_tokens, costs=costs, seed=args.seed, backend=backend
+        )
 
     report = {
         "names": names,
@@ -259,16 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         "costs": costs.to_dict(),
         "alphas": alphas,
         "alpha_source": source,
-        "predicted": [{"alpha": a, "k": k, "predicted_speedup": predicted_speedup(a, k, costs.c, costs.v[k])}
-                      for a in alphas for k in args.ks],
-        "best_k": [{"alpha": a, "best_k": (b := best_k(a, costs, k_max=max(args.ks))),
-                    "predicted_speedup": predicted_speedup(a, b, costs.c, costs.v[b])} for a in alphas],
+        "predicted": [{"alpha": a, "k": k, "predicted_speedup": predicted_speedup(a, k, costs.c, costs.v[k])} for a in alphas for k in args.ks],
+        "best_k": [
+            {"alpha": a, "best_k": (b := best_k(a, costs, k_max=max(args.ks))), "predicted_speedup": predicted_speedup(a, b, costs.c, costs.v[b])}
+            for a in alphas
+        ],
         "synthetic": synthetic,
     }
     md = render_markdown(report) + "\n\n" + describe(report["machine_load"])
     if not args.synthetic_acceptance and max(alphas) < 0.05:
-        md += ("\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
-               "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance.")
+        md += (
+            "\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
+            "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
+        )
     if args.json:
         _write_json(args.json, report)
     if args.markdown:

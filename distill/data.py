@@ -117,8 +117,7 @@ def _load_rows(dataset: str, split: str, subset: str | None):
             raise ValueError(f"dataset file {dataset} is empty: there is nothing to train or evaluate on; point the recipe at a file with rows")
         if split != "train":
             raise ValueError(
-                f"a local file has a single split, 'train'; got split={split!r} for {dataset}. "
-                "Point the dataset (or data.eval_split) at another file instead."
+                f"a local file has a single split, 'train'; got split={split!r} for {dataset}. Point the dataset (or data.eval_split) at another file instead."
             )
         try:
             return load_dataset(LOCAL_FORMATS[suffix], data_files={"train": dataset}, split="train")
@@ -184,8 +183,7 @@ def _prompt_ids(tokenizer, messages: Messages) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
 
 
-def tokenize_example(tokenizer, messages: Messages, response: str, max_prompt_length: int, max_length: int,
-                     response_ids: Sequence[int] | None = None) -> dict:
+def tokenize_example(tokenizer, messages: Messages, response: str, max_prompt_length: int, max_length: int, response_ids: Sequence[int] | None = None) -> dict:
     """Chat-templated prompt + response + EOS, with labels -100 on the prompt so only the response is learnt.
 
     The prompt keeps its last `max_prompt_length` tokens (the end is what the response follows);
@@ -226,10 +224,7 @@ class DataCollatorForDistill:
             raise ValueError("the tokenizer has no pad_token; set tokenizer.pad_token (Qwen2.5 uses <|endoftext|>)")
         length = max(len(f["input_ids"]) for f in features)
         pads = {"input_ids": pad_id, "attention_mask": 0, "labels": IGNORE_INDEX}
-        batch = {
-            key: torch.tensor([list(f[key]) + [value] * (length - len(f[key])) for f in features], dtype=torch.long)
-            for key, value in pads.items()
-        }
+        batch = {key: torch.tensor([list(f[key]) + [value] * (length - len(f[key])) for f in features], dtype=torch.long) for key, value in pads.items()}
         for key in features[0].keys() - pads.keys():
             batch[key] = torch.tensor([f[key] for f in features])
         return batch
@@ -286,8 +281,7 @@ def _drop_torn_tail(path: Path) -> None:
 
 def _tokenizer_identity(tokenizer) -> dict:
     """What a generation cache pins of the tokenizer: its vocabulary and its chat template."""
-    return {"tokenizer": tokenizer_fingerprint(tokenizer),
-            "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest()}
+    return {"tokenizer": tokenizer_fingerprint(tokenizer), "chat_template": hashlib.sha256(str(tokenizer.chat_template).encode("utf-8")).hexdigest()}
 
 
 def _manifest_diffs(old: dict, new: dict) -> list[str]:
@@ -314,8 +308,9 @@ def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
     """Refuse to extend a cache made by another model, tokenizer or generation setting."""
     if not path.exists():
         if cache_path.exists() or _partials(cache_path) or topk_store.store_dir(cache_path).exists():
-            raise ValueError(f"generation cache {cache_path} has no manifest {path}; delete the cache (and {topk_store.store_dir(cache_path).name}) "
-                             "or choose another path")
+            raise ValueError(
+                f"generation cache {cache_path} has no manifest {path}; delete the cache (and {topk_store.store_dir(cache_path).name}) or choose another path"
+            )
         _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
         return
     diffs = _manifest_diffs(json.loads(path.read_text(encoding="utf-8")), manifest)
@@ -342,8 +337,7 @@ def _generation_kwargs(tokenizer, model, max_new_tokens: int, do_sample: bool, t
     return kwargs
 
 
-def _generation_settings(max_new_tokens: int, max_prompt_length: int | None, do_sample: bool = False,
-                         temperature: float = 1.0, seed: int = 0) -> dict:
+def _generation_settings(max_new_tokens: int, max_prompt_length: int | None, do_sample: bool = False, temperature: float = 1.0, seed: int = 0) -> dict:
     """What a generation cache's manifest pins besides model and tokenizer."""
     return {
         "max_new_tokens": max_new_tokens,
@@ -362,13 +356,14 @@ def cached_responses(examples: Sequence[dict], spec: DataSpec, tokenizer) -> lis
     manifest_path = Path(f"{cache_path}.manifest.json")
     rerun = "run `distill cache-teacher RECIPE` first (it generates the responses, then caches the teacher), or set teacher.mode: online"
     if not cache_path.is_file() or not manifest_path.is_file():
-        raise ValueError(f"data.response_source is 'target' and the target is not loaded to generate (teacher.mode: cache, or ZeRO-3 partitions it), "
-                         f"but the generation cache {cache_path} is not finished: {rerun}")
+        raise ValueError(
+            f"data.response_source is 'target' and the target is not loaded to generate (teacher.mode: cache, or ZeRO-3 partitions it), "
+            f"but the generation cache {cache_path} is not finished: {rerun}"
+        )
     want = {**_tokenizer_identity(tokenizer), "generation": _generation_settings(spec.generation_max_new_tokens, spec.max_prompt_length)}
     diffs = _manifest_diffs(json.loads(manifest_path.read_text(encoding="utf-8")), want)
     if diffs:
-        raise ValueError(f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}): "
-                         f"delete it (and its .manifest.json) and {rerun}")
+        raise ValueError(f"generation cache {cache_path} was made with other settings ({'; '.join(diffs)}): delete it (and its .manifest.json) and {rerun}")
     records = _read_records(cache_path)
     missing = sum(_key(ex["messages"]) not in records for ex in examples)
     if missing:
@@ -405,9 +400,21 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def _answer(model, tokenizer, todo: dict[str, Messages], partial: Path, records: dict[str, dict], max_new_tokens: int,
-            batch_size: int, max_prompt_length: int | None, do_sample: bool, temperature: float, seed: int, desc: str,
-            keep_topk: int | None = None) -> None:
+def _answer(
+    model,
+    tokenizer,
+    todo: dict[str, Messages],
+    partial: Path,
+    records: dict[str, dict],
+    max_new_tokens: int,
+    batch_size: int,
+    max_prompt_length: int | None,
+    do_sample: bool,
+    temperature: float,
+    seed: int,
+    desc: str,
+    keep_topk: int | None = None,
+) -> None:
     """Generate the target's answer to every prompt in `todo`, appending each finished batch to `partial` (fsynced) and `records`.
 
     With `keep_topk` (greedy only), each step's raw logits are kept as top-k log-probs in the
@@ -433,14 +440,23 @@ def _answer(model, tokenizer, todo: dict[str, Messages], partial: Path, records:
                 torch.manual_seed(seed + start)
             recorder = topk_store.KeepTopK(keep, len(tokenizer)) if keep else None
             with torch.inference_mode():
-                sequences = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-                                           logits_processor=[recorder] if recorder else None, **kwargs)
+                sequences = model.generate(
+                    input_ids=input_ids.to(model.device),
+                    attention_mask=attention_mask.to(model.device),
+                    logits_processor=[recorder] if recorder else None,
+                    **kwargs,
+                )
             new = [_until_eos(row.tolist(), eos) for row in sequences[:, width:].cpu()]
             if recorder:
                 top_ids, top_lps = recorder.stacked()
-                topk_store.write_batch(store, [topk_store.prompt_key(ids[k]) for k in keys], [torch.tensor(n) for n in new],
-                                       [top_ids[i, : len(n)].cpu() for i, n in enumerate(new)],
-                                       [top_lps[i, : len(n)].cpu() for i, n in enumerate(new)], len(tokenizer))
+                topk_store.write_batch(
+                    store,
+                    [topk_store.prompt_key(ids[k]) for k in keys],
+                    [torch.tensor(n) for n in new],
+                    [top_ids[i, : len(n)].cpu() for i, n in enumerate(new)],
+                    [top_lps[i, : len(n)].cpu() for i, n in enumerate(new)],
+                    len(tokenizer),
+                )
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             for key, text, tokens in zip(keys, texts, new):
                 records[key] = {"key": key, "messages": todo[key] + [{"role": "assistant", "content": text}], "response_ids": tokens}
@@ -487,8 +503,21 @@ def generate_responses(
     keyed = {_key(ex["messages"]): ex["messages"] for ex in examples}
     todo = {key: messages for key, messages in keyed.items() if key not in records}
     if todo:
-        _answer(model, tokenizer, todo, Path(f"{cache_path}.partial"), records, max_new_tokens, batch_size,
-                max_prompt_length, do_sample, temperature, seed, "seq-KD generation", keep_topk)
+        _answer(
+            model,
+            tokenizer,
+            todo,
+            Path(f"{cache_path}.partial"),
+            records,
+            max_new_tokens,
+            batch_size,
+            max_prompt_length,
+            do_sample,
+            temperature,
+            seed,
+            "seq-KD generation",
+            keep_topk,
+        )
     if todo or _partials(cache_path) or not cache_path.exists():
         order = list(dict.fromkeys([*keyed, *records]))  # examples' order first
         _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
@@ -519,9 +548,21 @@ def generate_share(spec: DataSpec, tokenizer, model, state: Any, seed: int = 0, 
     records = _read_records(cache_path) | _read_records(partial)
     todo = {key: messages for key, messages in mine.items() if key not in records}
     if todo:
-        _answer(model, tokenizer, todo, partial, records, spec.generation_max_new_tokens, spec.generation_batch_size,
-                spec.max_prompt_length, False, 1.0, 0, f"seq-KD generation, process {state.process_index + 1} of {state.num_processes}",
-                keep_topk)
+        _answer(
+            model,
+            tokenizer,
+            todo,
+            partial,
+            records,
+            spec.generation_max_new_tokens,
+            spec.generation_batch_size,
+            spec.max_prompt_length,
+            False,
+            1.0,
+            0,
+            f"seq-KD generation, process {state.process_index + 1} of {state.num_processes}",
+            keep_topk,
+        )
     state.wait_for_everyone()
 
 
@@ -547,8 +588,7 @@ def _with_responses(examples: list[dict], spec: DataSpec, tokenizer, target, kee
     missing = sum(ex["response"] is None for ex in examples)
     if missing:
         raise ValueError(
-            f"{missing} of {len(examples)} examples have no response in the dataset; "
-            "set data.response_source: target to have the target generate them"
+            f"{missing} of {len(examples)} examples have no response in the dataset; set data.response_source: target to have the target generate them"
         )
     return examples
 
@@ -568,7 +608,9 @@ def check_context(spec: DataSpec, model: Any, name: str) -> None:
     positions without an error, so the loss would be silently wrong."""
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if context is not None and spec.max_length > context:
-        raise ValueError(f"data.max_length {spec.max_length} exceeds the {name}'s context of {context} positions: set data.max_length (and max_prompt_length) to at most {context}")
+        raise ValueError(
+            f"data.max_length {spec.max_length} exceeds the {name}'s context of {context} positions: set data.max_length (and max_prompt_length) to at most {context}"
+        )
 
 
 def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, keep_topk: int | None = None):
@@ -591,8 +633,7 @@ def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, ke
 def _recipe_examples(spec: DataSpec, seed: int, which: str) -> list[dict]:
     """The recipe's training rows, or its held-out rows (`eval_split`: a split of the dataset or a local file; none: [])."""
     if which == "train":
-        return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset,
-                             prompt_template=spec.prompt_template)
+        return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset, prompt_template=spec.prompt_template)
     if spec.eval_split is None:
         return []
     if Path(spec.eval_split).suffix.lower() in LOCAL_FORMATS:

@@ -29,10 +29,8 @@ from distill.train import train
 
 # The full demo and --quick differ only in sizes and step counts.
 SIZES = {
-    "full": {"target_steps": 250, "train_examples": 4000, "draft_steps": 150, "eval_prompts": 16,
-             "max_new_tokens": 48, "ks": [1, 2, 4, 6], "sweep_prompts": 6},
-    "quick": {"target_steps": 150, "train_examples": 1500, "draft_steps": 60, "eval_prompts": 6,
-              "max_new_tokens": 32, "ks": [1, 2, 4], "sweep_prompts": 3},
+    "full": {"target_steps": 250, "train_examples": 4000, "draft_steps": 150, "eval_prompts": 16, "max_new_tokens": 48, "ks": [1, 2, 4, 6], "sweep_prompts": 6},
+    "quick": {"target_steps": 150, "train_examples": 1500, "draft_steps": 60, "eval_prompts": 6, "max_new_tokens": 32, "ks": [1, 2, 4], "sweep_prompts": 3},
 }
 # A deep, narrow target: on a CPU its step costs several draft steps, as a 7B's does a 0.5B's.
 TARGET = {"hidden_size": 128, "num_layers": 8, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 512}
@@ -43,14 +41,31 @@ NUM_DRAFT_TOKENS = 4
 DRAFT_RECIPE = {
     "seed": 0,
     "target": {"dtype": "float32"},
-    "draft": {"dtype": "float32", "config": {
-        "vocab_size": 484, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-        "tie_word_embeddings": True, "rope_theta": 10000.0}},
+    "draft": {
+        "dtype": "float32",
+        "config": {
+            "vocab_size": 484,
+            "hidden_size": 64,
+            "intermediate_size": 256,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": True,
+            "rope_theta": 10000.0,
+        },
+    },
     "data": {"adapter": "prompt_response", "eval_samples": 64, "max_prompt_length": 64, "max_length": 128},
     "teacher": {"mode": "online"},
-    "training": {"per_device_train_batch_size": 16, "learning_rate": 3.0e-3, "lr_scheduler_type": "cosine",
-                 "warmup_ratio": 0.05, "logging_steps": 20, "save_steps": 100000, "bf16": False},
+    "training": {
+        "per_device_train_batch_size": 16,
+        "learning_rate": 3.0e-3,
+        "lr_scheduler_type": "cosine",
+        "warmup_ratio": 0.05,
+        "logging_steps": 20,
+        "save_steps": 100000,
+        "bf16": False,
+    },
 }
 OBJECTIVES = {
     "cross-entropy": {"divergence_weight": 0.0, "ce_weight": 1.0},
@@ -71,8 +86,9 @@ def _recipe(name: str, objective: dict[str, Any], work: Path, steps: int) -> Any
 
 def _prompts(tokenizer, work: Path, n: int) -> list[torch.Tensor]:
     rows = [json.loads(line) for line in (work / "tiny" / "eval.jsonl").read_text().splitlines()[:n]]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                          return_tensors="pt")["input_ids"] for r in rows]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, return_tensors="pt")["input_ids"] for r in rows
+    ]
 
 
 def measure(target, draft, tokenizer, prompts: list[torch.Tensor], k: int, max_new_tokens: int) -> dict[str, Any]:
@@ -125,8 +141,12 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
     for name, entry in report["drafts"].items():
         values = entry["per_position_acceptance"]
         ax.plot(range(1, len(values) + 1), values, marker="o", label=f"{name} (α = {entry['alpha']:.2f})")
-    ax.set(xlabel="draft position j", ylabel="P(draft token j accepted)", ylim=(0, 1.05),
-           title=f"Per-position acceptance, k = {report['settings']['num_draft_tokens']}")
+    ax.set(
+        xlabel="draft position j",
+        ylabel="P(draft token j accepted)",
+        ylim=(0, 1.05),
+        title=f"Per-position acceptance, k = {report['settings']['num_draft_tokens']}",
+    )
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
@@ -140,8 +160,9 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
         ax.plot(ks, [p["speedup"] for p in entry["sweep"]], marker="o", color=f"C{i}", label=f"{name}: measured")
         ax.plot(ks, [p["predicted_speedup"] for p in entry["sweep"]], linestyle="--", color=f"C{i}", label=f"{name}: predicted")
     ax.axhline(1.0, color="grey", linewidth=1, label="target only")
-    ax.set(xlabel="draft tokens per round k", ylabel="speedup over target-only generate", ylim=(0, None),
-           title="Speedup vs k (predicted from measured α, c, v(k))")
+    ax.set(
+        xlabel="draft tokens per round k", ylabel="speedup over target-only generate", ylim=(0, None), title="Speedup vs k (predicted from measured α, c, v(k))"
+    )
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize="small")
@@ -153,10 +174,21 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
 
 def table(report: dict[str, Any]) -> str:
     """The side-by-side Markdown table the demo prints."""
-    rows = [[name, e["acceptance_rate"], e["mean_accepted_length"], e["tokens_per_target_forward"], f"{e['speedup']:.2f}×",
-             f"{e['greedy_identity']:.0%}", e["eval_expected_acceptance"]] for name, e in report["drafts"].items()]
-    return markdown_table(["draft", "acceptance rate", "accepted length", "tokens / target forward",
-                           "speedup vs target-only", "greedy identity", "held-out 1 − TVD"], rows)
+    rows = [
+        [
+            name,
+            e["acceptance_rate"],
+            e["mean_accepted_length"],
+            e["tokens_per_target_forward"],
+            f"{e['speedup']:.2f}×",
+            f"{e['greedy_identity']:.0%}",
+            e["eval_expected_acceptance"],
+        ]
+        for name, e in report["drafts"].items()
+    ]
+    return markdown_table(
+        ["draft", "acceptance rate", "accepted length", "tokens / target forward", "speedup vs target-only", "greedy identity", "held-out 1 − TVD"], rows
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -176,8 +208,7 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
     load = MachineLoad().start()
     torch.manual_seed(seed)
     print(f"[1/4] tiny target: tokenizer, corpus and {size['target_steps']} training steps")
-    prepare(out / "tiny", steps=size["target_steps"], train_examples=size["train_examples"], seed=seed,
-            **{k: v for k, v in TARGET.items()})
+    prepare(out / "tiny", steps=size["target_steps"], train_examples=size["train_examples"], seed=seed, **{k: v for k, v in TARGET.items()})
     drafts = {}
     for i, (name, objective) in enumerate(OBJECTIVES.items()):
         print(f"[{i + 2}/4] draft trained with {name}: {size['draft_steps']} steps")
@@ -191,7 +222,7 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
     tokenizer = load_tokenizer(out / "tiny" / "target")
     target = load_model(out / "tiny" / "target", dtype=torch.float32)
     prompts = _prompts(tokenizer, out, size["eval_prompts"])
-    for name, entry in tqdm(drafts.items(), desc="evaluating drafts"):
+    for _name, entry in tqdm(drafts.items(), desc="evaluating drafts"):
         draft = load_model(entry["path"], dtype=torch.float32)
         entry.update(measure(target, draft, tokenizer, prompts, NUM_DRAFT_TOKENS, size["max_new_tokens"]))
         entry["eval_expected_acceptance"] = entry["train_metrics"].get("eval_expected_acceptance", float("nan"))

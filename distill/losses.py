@@ -360,8 +360,14 @@ def divergence(
 ) -> torch.Tensor:
     """Mean per-token divergence between student logits [B, T, V_s] and teacher logits [B, T, V_t]."""
     return distillation_loss(
-        name, student_logits, teacher_logits, mask=mask, temperature=temperature, beta=beta,
-        chunk_size=chunk_size, vocab_size=vocab_size,
+        name,
+        student_logits,
+        teacher_logits,
+        mask=mask,
+        temperature=temperature,
+        beta=beta,
+        chunk_size=chunk_size,
+        vocab_size=vocab_size,
     )
 
 
@@ -379,8 +385,15 @@ def sparse_divergence(
     """Mean per-token divergence against the teacher's top-k log-probs [B, T, k] (at temperature 1)
     plus its tail bucket; the student's probabilities are aggregated into the same k+1 buckets."""
     return distillation_loss(
-        name, student_logits, teacher_topk_ids=teacher_topk_ids, teacher_topk_logprobs=teacher_topk_logprobs,
-        mask=mask, temperature=temperature, beta=beta, chunk_size=chunk_size, vocab_size=vocab_size,
+        name,
+        student_logits,
+        teacher_topk_ids=teacher_topk_ids,
+        teacher_topk_logprobs=teacher_topk_logprobs,
+        mask=mask,
+        temperature=temperature,
+        beta=beta,
+        chunk_size=chunk_size,
+        vocab_size=vocab_size,
     )
 
 

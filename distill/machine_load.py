@@ -100,10 +100,15 @@ def warning(cores: float | None, loadavg: float, cpus: int, threads: int | None)
 
 def describe(report: dict[str, Any]) -> str:
     """One line for a Markdown report: how busy the machine was, and the warning when it was busy."""
-    others = (f"other processes used {report['others_cores']:.2f} of {report['cpus']} cores on average"
-              if report["others_cores"] is not None else f"{report['cpus']} cores")
-    line = (f"Machine load while timed: {others}; load average {report['loadavg_start'][0]:.2f} at the start, "
-            f"{report['loadavg_end'][0]:.2f} at the end; torch threads {report['torch_threads']}.")
+    others = (
+        f"other processes used {report['others_cores']:.2f} of {report['cpus']} cores on average"
+        if report["others_cores"] is not None
+        else f"{report['cpus']} cores"
+    )
+    line = (
+        f"Machine load while timed: {others}; load average {report['loadavg_start'][0]:.2f} at the start, "
+        f"{report['loadavg_end'][0]:.2f} at the end; torch threads {report['torch_threads']}."
+    )
     return line + (f" **Warning:** {report['warning']}." if report["busy"] else "")
 
 

@@ -45,13 +45,13 @@ def lora_parameter_count(cfg: dict[str, Any], r: int, modules: Sequence[str]) ->
     """Trainable parameters of LoRA rank `r` on `modules` of every decoder layer: r * (in + out) each."""
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     q, kv = _attention_widths(cfg)
-    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-              "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
     return cfg["num_hidden_layers"] * sum(r * sum(shapes[m]) for m in modules)
 
 
-def estimate(recipe: Any, target_cfg: dict[str, Any], draft_cfg: dict[str, Any], *, tokens: int | None = None,
-             world_size: int = 1, zero_stage: int = 0) -> dict[str, float]:
+def estimate(
+    recipe: Any, target_cfg: dict[str, Any], draft_cfg: dict[str, Any], *, tokens: int | None = None, world_size: int = 1, zero_stage: int = 0
+) -> dict[str, float]:
     """Bytes per GPU of each term of one training step, in order. `tokens` is one micro-batch's
     (default per_device_train_batch_size x data.max_length, the worst case). Mixed precision as the
     ZeRO paper counts it under DeepSpeed: bf16 weights and gradients, fp32 master weights and AdamW
@@ -124,8 +124,14 @@ def measure(configs: dict[str, dict[str, Any]], tokens: int = 2048, chunk: int =
         before = _rss()
         out = layer(x, attention_mask=None, position_ids=pos, position_embeddings=emb)
         held = _rss() - before - tokens * qcfg.hidden_size * 4  # the output itself is not kept for backward
-        rows.append({"term": f"activations, one {name} layer ({cfg['hidden_size']} / {cfg['intermediate_size']})", "tokens": tokens,
-                     "measured": held, "estimated": tokens * activation_values(cfg["hidden_size"], cfg["intermediate_size"]) * 4})
+        rows.append(
+            {
+                "term": f"activations, one {name} layer ({cfg['hidden_size']} / {cfg['intermediate_size']})",
+                "tokens": tokens,
+                "measured": held,
+                "estimated": tokens * activation_values(cfg["hidden_size"], cfg["intermediate_size"]) * 4,
+            }
+        )
         del out, x, emb, layer
     target = next(c for c in configs.values() if not c.get("tie_word_embeddings"))
     draft = next(c for c in configs.values() if c.get("tie_word_embeddings"))
@@ -135,16 +141,28 @@ def measure(configs: dict[str, dict[str, Any]], tokens: int = 2048, chunk: int =
     before = _rss()
     with torch.no_grad():
         logits = h_t @ head_t.T
-    rows.append({"term": f"teacher logits ({target['vocab_size']:,} rows)", "tokens": tokens, "measured": _rss() - before,
-                 "estimated": tokens * target["vocab_size"] * 4})
+    rows.append(
+        {
+            "term": f"teacher logits ({target['vocab_size']:,} rows)",
+            "tokens": tokens,
+            "measured": _rss() - before,
+            "estimated": tokens * target["vocab_size"] * 4,
+        }
+    )
     head_d = (torch.randn(draft["vocab_size"], hidden) / hidden**0.5).requires_grad_(True)
     h_d = torch.randn(1, tokens, hidden, requires_grad=True)
     _reset_peak()
     before = _rss()
     fused_divergence("forward_kl", h_d, head_d, teacher_logits=logits[..., : draft["vocab_size"]].contiguous(), chunk_size=chunk).backward()
     extra = _rss("VmHWM") - before - 2 * head_d.numel() * 4  # less the weight's gradient and its accumulator
-    rows.append({"term": f"fused loss, one chunk of {chunk} ({draft['vocab_size']:,} rows), forward + backward", "tokens": chunk,
-                 "measured": extra, "estimated": chunk * draft["vocab_size"] * 4 * LOSS_CHUNK_COPIES})
+    rows.append(
+        {
+            "term": f"fused loss, one chunk of {chunk} ({draft['vocab_size']:,} rows), forward + backward",
+            "tokens": chunk,
+            "measured": extra,
+            "estimated": chunk * draft["vocab_size"] * 4 * LOSS_CHUNK_COPIES,
+        }
+    )
     return rows
 
 
@@ -186,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = {Path(p).stem: json.loads(Path(p).read_text()) for p in args.check}
         print("| term | tokens | measured MB | estimated MB | measured / estimated |\n| --- | --- | --- | --- | --- |")
         for row in measure(configs):
-            print(f"| {row['term']} | {row['tokens']} | {row['measured'] / 2**20:.0f} | {row['estimated'] / 2**20:.0f} | {row['measured'] / row['estimated']:.2f} |")
+            print(
+                f"| {row['term']} | {row['tokens']} | {row['measured'] / 2**20:.0f} | {row['estimated'] / 2**20:.0f} | {row['measured'] / row['estimated']:.2f} |"
+            )
         return 0
     if not args.recipe:
         ap.error("give a recipe (or --check CONFIG ...)")

@@ -44,8 +44,9 @@ class ModelLoadError(ValueError):
 def looks_local(name: str) -> bool:
     """A path rather than a Hub id ("namespace/name"): absolute, relative with ./ ../ or ~, deeper
     than one slash, or a file suffix (.gguf, .jsonl, ...)."""
-    return (name.startswith(("/", ".", "~")) or name.count("/") > 1
-            or Path(name).suffix.lower() in (".gguf", ".jsonl", ".json", ".parquet", ".safetensors", ".bin"))
+    return (
+        name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).suffix.lower() in (".gguf", ".jsonl", ".json", ".parquet", ".safetensors", ".bin")
+    )
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,10 @@ def resolve(ref: str | os.PathLike) -> ModelSource:
             return ModelSource(text, "folder", str(path))
         if any((path / "draft" / f).is_file() for f in CONFIG_FILES):
             return ModelSource(text, "folder", str(path / "draft"))
-        raise ModelLoadError(f"{text}: the folder holds no model (no config.json, adapter_config.json or draft/ with one); "
-                             "point at a model folder, a training output_dir or a .gguf file")
+        raise ModelLoadError(
+            f"{text}: the folder holds no model (no config.json, adapter_config.json or draft/ with one); "
+            "point at a model folder, a training output_dir or a .gguf file"
+        )
     if path.is_file():
         raise ModelLoadError(f"{text}: is a file, not a model folder, a Hub id or a .gguf file")
     if looks_local(text):
@@ -132,8 +135,7 @@ def _guarded(source: ModelSource, what: str, load: Callable[[], T]) -> T:
             raise ModelLoadError(f"{source.ref}: cannot load the {what} (not a local path, and the Hub gave: {message})") from None
         torn = _unreadable_weights(Path(source.path)) if isinstance(err, SafetensorError) else None
         if torn is not None:
-            raise ModelLoadError(f"{torn}: the {what}'s weights are unreadable ({message}): the file is truncated or damaged; "
-                                 "copy or save it again") from None
+            raise ModelLoadError(f"{torn}: the {what}'s weights are unreadable ({message}): the file is truncated or damaged; copy or save it again") from None
         raise ModelLoadError(f"{source.path}: cannot load the {what} ({message}); check the folder's files or rewrite them") from None
 
 
@@ -178,8 +180,15 @@ def _plain(model: PreTrainedModel, source: ModelSource) -> PreTrainedModel:
     return model
 
 
-def load_model(ref: str | os.PathLike, *, dtype: str | torch.dtype | None = "auto", device: torch.device | str | None = None,
-               revision: str | None = None, trust_remote_code: bool = False, what: str = "model") -> PreTrainedModel:
+def load_model(
+    ref: str | os.PathLike,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    device: torch.device | str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    what: str = "model",
+) -> PreTrainedModel:
     """A causal LM from any reference (see `resolve`), in `dtype`, on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -189,20 +198,19 @@ def load_model(ref: str | os.PathLike, *, dtype: str | torch.dtype | None = "aut
     placement = {"device_map": str(device)} if device is not None else {}
 
     def load() -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                                                    **placement, **source.kwargs(revision))
+        return AutoModelForCausalLM.from_pretrained(
+            source.location, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placement, **source.kwargs(revision)
+        )
 
     return _plain(_guarded(source, what, load), source).eval()
 
 
-def load_tokenizer(ref: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False,
-                   what: str = "tokenizer") -> PreTrainedTokenizerBase:
+def load_tokenizer(ref: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False, what: str = "tokenizer") -> PreTrainedTokenizerBase:
     """The tokenizer of any reference, padding with EOS when it defines no pad token."""
     from transformers import AutoTokenizer
 
     source = resolve(ref)
-    tokenizer = _guarded(source, what, lambda: AutoTokenizer.from_pretrained(
-        source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
+    tokenizer = _guarded(source, what, lambda: AutoTokenizer.from_pretrained(source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -213,8 +221,7 @@ def load_config(ref: str | os.PathLike, *, revision: str | None = None, trust_re
     from transformers import AutoConfig
 
     source = resolve(ref)
-    return _guarded(source, "config", lambda: AutoConfig.from_pretrained(
-        source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
+    return _guarded(source, "config", lambda: AutoConfig.from_pretrained(source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
 
 
 def share_permissions(folder: str | os.PathLike) -> None:
@@ -222,7 +229,7 @@ def share_permissions(folder: str | os.PathLike) -> None:
     temp folders and transformers' temp-file-and-rename saves leave 0700 / 0600, unreadable to others."""
     umask = os.umask(0)
     os.umask(umask)
-    for root, dirs, files in os.walk(folder):
+    for root, _dirs, files in os.walk(folder):
         os.chmod(root, 0o777 & ~umask)
         for name in files:
             os.chmod(os.path.join(root, name), 0o666 & ~umask)
@@ -268,9 +275,16 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, dtype: st
             want = model(input_ids=ids).logits
             have = load_model(tmp, dtype=dtype, device="cpu")(input_ids=ids).logits
         if not torch.equal(want, have):
-            raise ModelLoadError(f"{tmp}: the written weights give other logits than the GGUF (max |diff| {(want - have).abs().max():.3g}); nothing was written")
-        info = {"source": str(Path(source.path).resolve()), "source_bytes": Path(source.path).stat().st_size,
-                "source_sha256": _sha256(Path(source.path)), "dtype": dtype, "seconds": round(time.time() - started, 1)}
+            raise ModelLoadError(
+                f"{tmp}: the written weights give other logits than the GGUF (max |diff| {(want - have).abs().max():.3g}); nothing was written"
+            )
+        info = {
+            "source": str(Path(source.path).resolve()),
+            "source_bytes": Path(source.path).stat().st_size,
+            "source_sha256": _sha256(Path(source.path)),
+            "dtype": dtype,
+            "seconds": round(time.time() - started, 1),
+        }
         (tmp / "conversion.json").write_text(json.dumps(info, indent=2) + "\n")
         share_permissions(tmp)
         os.replace(tmp, out)

@@ -80,9 +80,7 @@ def train_target(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], setti
         tokenizer=tokenizer,
         seed=settings["seed"],
     )
-    dataset = Dataset.from_dict({"text": list(texts)}).map(
-        lambda b: tokenizer(b["text"], add_special_tokens=False), batched=True, remove_columns=["text"]
-    )
+    dataset = Dataset.from_dict({"text": list(texts)}).map(lambda b: tokenizer(b["text"], add_special_tokens=False), batched=True, remove_columns=["text"])
     args = TrainingArguments(
         output_dir=work_dir,
         max_steps=settings["steps"],

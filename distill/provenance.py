@@ -7,8 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 # Every package whose version can move a result: the tokenizer trainer (tokenizers), data order (datasets,
 # numpy), kernels (torch), training loops (transformers, trl, peft, accelerate, deepspeed), GGUF dequantising.
-PACKAGES = ("distill", "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets", "numpy", "deepspeed",
-            "safetensors", "gguf")
+PACKAGES = ("distill", "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets", "numpy", "deepspeed", "safetensors", "gguf")
 
 
 def package_version(name: str) -> str | None:

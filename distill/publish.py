@@ -90,8 +90,7 @@ def pad_vocab(model: PreTrainedModel, vocab_size: int, real_vocab: int) -> list[
         raise ValueError(f"the draft's embedding has {old} rows but the tokenizer has {real_vocab} tokens: the draft does not fit this tokenizer")
     if vocab_size < old:
         raise ValueError(
-            f"--pad-vocab-to-target: the draft has more embedding rows ({old}) than the target's vocab_size ({vocab_size}); "
-            "padding cannot shrink a vocabulary"
+            f"--pad-vocab-to-target: the draft has more embedding rows ({old}) than the target's vocab_size ({vocab_size}); padding cannot shrink a vocabulary"
         )
     if vocab_size == old:
         return []
@@ -213,15 +212,21 @@ def publish(
     model, base_model = _load_draft(source.draft_dir, keep_adapter)
     draft_rows = model.get_input_embeddings().weight.shape[0]
     if draft_rows < len(target_tok):
-        raise ValueError(f"the draft's embedding has {draft_rows} rows but the target tokenizer has {len(target_tok)} tokens: it is not a draft for {source.target}")
+        raise ValueError(
+            f"the draft's embedding has {draft_rows} rows but the target tokenizer has {len(target_tok)} tokens: it is not a draft for {source.target}"
+        )
     padded = pad_vocab(model, target_vocab, len(target_tok)) if pad_vocab_to_target else []
     if padded:
         log.info("padded the vocabulary from %d to %d rows (ids %d..%d never predicted)", draft_rows, target_vocab, padded[0], padded[-1])
     draft_vocab = model.get_input_embeddings().weight.shape[0]
     suppress_padding_ids(model, len(target_tok), draft_vocab)
     if draft_vocab != target_vocab:
-        log.warning("vocab_size %d differs from the target's %d: vLLM's draft_model method and transformers' plain assistant_model= "
-                    "refuse it; publish with --pad-vocab-to-target", draft_vocab, target_vocab)
+        log.warning(
+            "vocab_size %d differs from the target's %d: vLLM's draft_model method and transformers' plain assistant_model= "
+            "refuse it; publish with --pad-vocab-to-target",
+            draft_vocab,
+            target_vocab,
+        )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
@@ -241,8 +246,18 @@ def publish(
         if source.run_info is not None:
             (tmp / "run_info.json").write_text(json.dumps(source.run_info, indent=2) + "\n")
         card = _model_card(
-            source, model, base_model, report, report_path, padded, draft_vocab, target_vocab,
-            license=license, repo=push_to_hub or str(out), name=(push_to_hub or out.name).split("/")[-1], adapter=keep_adapter,
+            source,
+            model,
+            base_model,
+            report,
+            report_path,
+            padded,
+            draft_vocab,
+            target_vocab,
+            license=license,
+            repo=push_to_hub or str(out),
+            name=(push_to_hub or out.name).split("/")[-1],
+            adapter=keep_adapter,
         )
         card.save(tmp / "README.md")
         (tmp / "publish_info.json").write_text(json.dumps(_publish_info(source, eval_report, padded, keep_adapter), indent=2) + "\n")
@@ -355,7 +370,9 @@ def _verify(folder: Path, model: PreTrainedModel, target_tok: PreTrainedTokenize
     ids = torch.arange(min(16, len(target_tok)), device=device).unsqueeze(0)
     want, have = model(input_ids=ids).logits, reloaded.to(device)(input_ids=ids).logits
     if not torch.equal(want, have):
-        raise ValueError(f"the reloaded draft's logits differ from the model in memory (max |diff| {(want - have).abs().max().item():.3g}): the folder was not published")
+        raise ValueError(
+            f"the reloaded draft's logits differ from the model in memory (max |diff| {(want - have).abs().max().item():.3g}): the folder was not published"
+        )
 
 
 def _hub_id(name: str | None) -> str | None:
@@ -416,7 +433,9 @@ def _model_card(
         f"- Training data: `{dataset}`" if dataset else "- Training data: not recorded",
     ]
     if loss:
-        parts.append(f"- Objective: {loss.get('divergence', 'forward_kl')} (temperature {loss.get('temperature', 1.0)}, ce_weight {loss.get('ce_weight', 0.0)}, on-policy fraction {loss.get('lmbda', 0.0)})")
+        parts.append(
+            f"- Objective: {loss.get('divergence', 'forward_kl')} (temperature {loss.get('temperature', 1.0)}, ce_weight {loss.get('ce_weight', 0.0)}, on-policy fraction {loss.get('lmbda', 0.0)})"
+        )
     parts += ["", "## Acceptance", ""]
     if report is None:
         parts.append("No evaluation report was given: run `distill accept` and publish again with `--eval-report`.")
@@ -427,10 +446,14 @@ def _model_card(
             if items:
                 parts.append(f"{label}: " + ", ".join(f"{k}={v}" for k, v in items.items()) + ".")
         highlight = {str(source.draft_dir), str(source.draft_dir.parent), repo}
-        parts += ["", acceptance_table(report, highlight), "",
-                  "Acceptance rate: share of proposed tokens the target accepts. Mean accepted length: tokens gained per "
-                  "target forward. Speedup: wall-clock against target-only decoding. Greedy identity: share of prompts "
-                  "whose speculative output equals the target's own greedy output."]
+        parts += [
+            "",
+            acceptance_table(report, highlight),
+            "",
+            "Acceptance rate: share of proposed tokens the target accepts. Mean accepted length: tokens gained per "
+            "target forward. Speedup: wall-clock against target-only decoding. Greedy identity: share of prompts "
+            "whose speculative output equals the target's own greedy output.",
+        ]
     # transformers takes an assistant of another vocab_size only with both tokenizers (universal assisted decoding).
     assistant_extra = "" if draft_vocab == target_vocab else ", tokenizer=tokenizer, assistant_tokenizer=tokenizer"
     transformers_snippet = f"""```python
@@ -450,19 +473,31 @@ print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_token
     else:
         spec = json.dumps({"method": "draft_model", "model": repo, "num_speculative_tokens": k})
         parts += [
-            "### vLLM", "", "```bash", f"vllm serve {target} \\\n  --speculative-config '{spec}'", "```", "",
-            "### SGLang", "", "```bash",
+            "### vLLM",
+            "",
+            "```bash",
+            f"vllm serve {target} \\\n  --speculative-config '{spec}'",
+            "```",
+            "",
+            "### SGLang",
+            "",
+            "```bash",
             f"python -m sglang.launch_server --model-path {target} \\\n  --speculative-algorithm STANDALONE "
             f"--speculative-draft-model-path {repo} \\\n  --speculative-num-steps {k} --speculative-eagle-topk 1 "
             f"--speculative-num-draft-tokens {k + 1}",
             "```",
         ]
         if draft_vocab != target_vocab:
-            parts += ["", f"Note: this draft's vocab_size ({draft_vocab}) differs from the target's ({target_vocab}); "
-                          "vLLM's `draft_model` check refuses that. Republish with `--pad-vocab-to-target`."]
+            parts += [
+                "",
+                f"Note: this draft's vocab_size ({draft_vocab}) differs from the target's ({target_vocab}); "
+                "vLLM's `draft_model` check refuses that. Republish with `--pad-vocab-to-target`.",
+            ]
     if padded:
         parts += [
-            "", "## Vocabulary padding", "",
+            "",
+            "## Vocabulary padding",
+            "",
             f"The embedding and LM head were padded from {padded[0]} to {target_vocab} rows so that `vocab_size` matches the "
             f"target's, as vLLM's `draft_model` method requires. Ids {padded[0]}–{padded[-1]} are never produced by the "
             "tokenizer; their LM-head rows are the mean of the real rows, so their logit is the mean real logit (never "

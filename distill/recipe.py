@@ -301,11 +301,7 @@ def _build(cls: type, data: Any, where: str, errors: list[str]) -> Any:
         if check and len(errors) == n_errors and converted is not None and not check[0](converted):
             errors.append(f"{path}: must be {check[1]}, got {converted!r}")
         kwargs[key] = converted
-    missing = [
-        name
-        for name, f in fields.items()
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+    missing = [name for name, f in fields.items() if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     for name in missing:
         errors.append(f"{where + '.' if where else ''}{name}: required key is missing")
     if missing or any(v is None and not _optional(hints[k]) for k, v in kwargs.items()):
@@ -331,13 +327,12 @@ def _cross_checks(r: Recipe) -> list[str]:
     if r.data.response_source == "target" and not r.data.generation_cache:
         errors.append("data.generation_cache: required when data.response_source is 'target' (a .jsonl path for the generations)")
     if r.data.max_prompt_length >= r.data.max_length:
-        errors.append(
-            f"data.max_prompt_length: must be < data.max_length ({r.data.max_prompt_length} >= {r.data.max_length}), "
-            "or no response token would fit"
-        )
+        errors.append(f"data.max_prompt_length: must be < data.max_length ({r.data.max_prompt_length} >= {r.data.max_length}), or no response token would fit")
     if r.data.prompt_template is not None and r.data.prompt_template not in TEMPLATES and "{question}" not in r.data.prompt_template:
-        errors.append(f"data.prompt_template: {r.data.prompt_template!r} is neither a task name ({', '.join(TEMPLATES)}) "
-                      "nor a string with a {question} field where the prompt goes")
+        errors.append(
+            f"data.prompt_template: {r.data.prompt_template!r} is neither a task name ({', '.join(TEMPLATES)}) "
+            "nor a string with a {question} field where the prompt goes"
+        )
     if r.data.packing:
         errors.append("data.packing: packing is not supported (examples are padded per batch); set packing: false")
     return errors
@@ -346,11 +341,18 @@ def _cross_checks(r: Recipe) -> list[str]:
 def check_paths(recipe: Recipe) -> None:
     """Raise RecipeError naming every local model or data path of `recipe` that does not exist, at
     the start of a run (a missing folder would otherwise reach the Hub client as a malformed repo id)."""
-    wanted = [("target.name_or_path", recipe.target.name_or_path), ("draft.name_or_path", recipe.draft.name_or_path),
-              ("data.dataset", recipe.data.dataset), ("data.eval_split", recipe.data.eval_split),
-              ("loss.token_selection.reference", recipe.loss.token_selection and recipe.loss.token_selection.reference)]
-    missing = [f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"
-               for key, value in wanted if value and looks_local(value) and not Path(value).exists()]
+    wanted = [
+        ("target.name_or_path", recipe.target.name_or_path),
+        ("draft.name_or_path", recipe.draft.name_or_path),
+        ("data.dataset", recipe.data.dataset),
+        ("data.eval_split", recipe.data.eval_split),
+        ("loss.token_selection.reference", recipe.loss.token_selection and recipe.loss.token_selection.reference),
+    ]
+    missing = [
+        f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"
+        for key, value in wanted
+        if value and looks_local(value) and not Path(value).exists()
+    ]
     if missing:
         raise RecipeError(missing)
 

@@ -51,8 +51,16 @@ IM_END, ENDOFTEXT = 151_645, 151_643
 SYSTEM_PROMPT = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
 # generation_config.json as the Qwen2.5-7B-Instruct checkpoint ships it (0.5B/1.5B: repetition_penalty 1.1):
 # sampling extras that distill's greedy paths must ignore, and both stop ids.
-GENERATION_CONFIG = {"bos_token_id": ENDOFTEXT, "pad_token_id": ENDOFTEXT, "do_sample": True, "eos_token_id": [IM_END, ENDOFTEXT],
-                     "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+GENERATION_CONFIG = {
+    "bos_token_id": ENDOFTEXT,
+    "pad_token_id": ENDOFTEXT,
+    "do_sample": True,
+    "eos_token_id": [IM_END, ENDOFTEXT],
+    "repetition_penalty": 1.05,
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+}
 STANDINS = {  # stand-in name -> (real config, layers); width: head_dim 8 x (heads / kv heads) heads, one KV head
     "qwen2.5-7b-instruct": ("qwen2.5-7b-instruct.json", 2),
     "qwen2.5-0.5b-instruct": ("qwen2.5-0.5b-instruct.json", 1),
@@ -78,9 +86,17 @@ def standin_config(real: dict[str, Any], num_layers: int, head_dim: int = HEAD_D
         raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     hidden = head_dim * (heads // kv)
     intermediate = 8 * round(hidden * real["intermediate_size"] / real["hidden_size"] / 8)
-    return {**real, "num_hidden_layers": num_layers, "num_attention_heads": heads // kv, "num_key_value_heads": 1,
-            "hidden_size": hidden, "head_dim": head_dim, "intermediate_size": intermediate,
-            "max_window_layers": num_layers, "torch_dtype": "float32"}
+    return {
+        **real,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads // kv,
+        "num_key_value_heads": 1,
+        "hidden_size": hidden,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate,
+        "max_window_layers": num_layers,
+        "torch_dtype": "float32",
+    }
 
 
 def build_standin(name: str, out_dir: Path, tokenizer_dir: Path = TOKENIZER_DIR, seed: int = 0) -> Path:
@@ -191,8 +207,14 @@ class Rehearsal:
         self.tokenizer_dir, self.gsm8k_dir = tokenizer_dir, gsm8k_dir
         self.models = self.out / "models"
         self.steps: list[Step] = []
-        self.env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(REPO),
-                    "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PYTHONPATH": str(REPO),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+        }
         self.samples = {"train": 8 if quick else 16, "eval": 2 if quick else 8, "steps": 1 if quick else 2, "batch": 2}
         self.max_new = 48  # the stand-in target ends most replies within this (see EOS_ROW_SCALE)
 
@@ -204,19 +226,35 @@ class Rehearsal:
     def overrides(self, run: str, *, draft: str | None = None, gsm8k: bool = True) -> list[str]:
         """The `--set` list that points a shipped recipe at the stand-ins and local data, shortened."""
         s = self.samples
-        sets = [f"output_dir={self.out / 'runs' / run}", f"target.name_or_path={self.path('qwen2.5-7b-instruct')}",
-                f"training.max_steps={s['steps']}", f"training.save_steps={s['steps']}", f"training.eval_steps={s['steps']}",
-                f"training.per_device_train_batch_size={s['batch']}", f"data.num_samples={s['train']}", f"data.eval_samples={s['eval']}"]
+        sets = [
+            f"output_dir={self.out / 'runs' / run}",
+            f"target.name_or_path={self.path('qwen2.5-7b-instruct')}",
+            f"training.max_steps={s['steps']}",
+            f"training.save_steps={s['steps']}",
+            f"training.eval_steps={s['steps']}",
+            f"training.per_device_train_batch_size={s['batch']}",
+            f"data.num_samples={s['train']}",
+            f"data.eval_samples={s['eval']}",
+        ]
         if draft is not None:
             sets.append(f"draft.name_or_path={draft}")
         if self.quick:  # bf16 matmuls over 152k rows are ~10x slower than float32 on a CPU
             sets += ["target.dtype=float32", "draft.dtype=float32"]
         if gsm8k:
-            sets += [f"data.dataset={self.gsm8k_dir / 'train.jsonl'}", "data.subset=null", f"data.eval_split={self.gsm8k_dir / 'test.jsonl'}",
-                     f"data.generation_cache={self.out / 'cache/gsm8k-generations.jsonl'}"]
+            sets += [
+                f"data.dataset={self.gsm8k_dir / 'train.jsonl'}",
+                "data.subset=null",
+                f"data.eval_split={self.gsm8k_dir / 'test.jsonl'}",
+                f"data.generation_cache={self.out / 'cache/gsm8k-generations.jsonl'}",
+            ]
         else:
-            sets += [f"data.dataset={self.out / 'data/chat-train.jsonl'}", "data.split=train", f"data.eval_split={self.out / 'data/chat-eval.jsonl'}",
-                     f"data.generation_cache={self.out / 'cache/chat-generations.jsonl'}", f"teacher.cache_dir={self.out / 'cache/teacher-top32'}"]
+            sets += [
+                f"data.dataset={self.out / 'data/chat-train.jsonl'}",
+                "data.split=train",
+                f"data.eval_split={self.out / 'data/chat-eval.jsonl'}",
+                f"data.generation_cache={self.out / 'cache/chat-generations.jsonl'}",
+                f"teacher.cache_dir={self.out / 'cache/teacher-top32'}",
+            ]
         sets.append(f"data.generation_max_new_tokens={GENERATION_TOKENS}")  # seq-KD replies: the recipes' 256 cut short
         return [a for item in sets for a in ("--set", item)]
 
@@ -250,17 +288,24 @@ class Rehearsal:
         checks: list[str] = []
         names = ["qwen2.5-7b-instruct", "qwen2.5-0.5b-instruct"] + ([] if self.quick else ["qwen2.5-1.5b-instruct"])
         tok = load_tokenizer(self.tokenizer_dir)
-        check(len(tok) == REAL_VOCAB and tok.eos_token_id == IM_END and tok.pad_token_id == ENDOFTEXT,
-              f"real tokenizer: {len(tok):,} tokens, eos <|im_end|> {tok.eos_token_id}, pad <|endoftext|> {tok.pad_token_id}", checks)
+        check(
+            len(tok) == REAL_VOCAB and tok.eos_token_id == IM_END and tok.pad_token_id == ENDOFTEXT,
+            f"real tokenizer: {len(tok):,} tokens, eos <|im_end|> {tok.eos_token_id}, pad <|endoftext|> {tok.pad_token_id}",
+            checks,
+        )
         for i, name in enumerate(names):
             build_standin(name, self.models / name, self.tokenizer_dir, seed=i)
             real = json.loads((MODEL_CONFIGS / STANDINS[name][0]).read_text())
             cfg = json.loads((self.models / name / "config.json").read_text())
             same = all(cfg[k] == real[k] for k in ("vocab_size", "tie_word_embeddings"))
             ratio = cfg["num_attention_heads"] / cfg["num_key_value_heads"] == real["num_attention_heads"] / real["num_key_value_heads"]
-            check(same and ratio, f"{name} stand-in: vocab_size {cfg['vocab_size']:,}, tied {cfg['tie_word_embeddings']}, "
-                  f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} as the real ratio, hidden {cfg['hidden_size']}, "
-                  f"{cfg['num_hidden_layers']} layer(s)", checks)
+            check(
+                same and ratio,
+                f"{name} stand-in: vocab_size {cfg['vocab_size']:,}, tied {cfg['tie_word_embeddings']}, "
+                f"heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} as the real ratio, hidden {cfg['hidden_size']}, "
+                f"{cfg['num_hidden_layers']} layer(s)",
+                checks,
+            )
         other_tokenizer_draft(self.models / "other-tokenizer")
         write_chat_data(self.gsm8k_dir / "train.jsonl", self.out / "data" / "chat-train.jsonl", self.samples["train"])
         write_chat_data(self.gsm8k_dir / "test.jsonl", self.out / "data" / "chat-eval.jsonl", self.samples["eval"])
@@ -278,16 +323,22 @@ class Rehearsal:
         target = load_target(recipe.target.name_or_path, dtype=recipe.target.dtype)
         rows = build_train_dataset(recipe.data, tok, target=target, seed=recipe.seed)  # the LoRA run's cached generations
         texts = [tok.decode(r["input_ids"]) for r in rows]
-        check(all(t.startswith(SYSTEM_PROMPT + "<|im_start|>user\n") for t in texts), "training prompts carry the Instruct template and its default system prompt", checks)
+        check(
+            all(t.startswith(SYSTEM_PROMPT + "<|im_start|>user\n") for t in texts),
+            "training prompts carry the Instruct template and its default system prompt",
+            checks,
+        )
         starts = [r["labels"].index(next(x for x in r["labels"] if x != -100)) for r in rows]
-        check(all(tok.decode(r["input_ids"][:s]).endswith("<|im_start|>assistant\n") for r, s in zip(rows, starts)),
-              "the loss starts right after `<|im_start|>assistant\\n` (prompt masked)", checks)
+        check(
+            all(tok.decode(r["input_ids"][:s]).endswith("<|im_start|>assistant\n") for r, s in zip(rows, starts)),
+            "the loss starts right after `<|im_start|>assistant\\n` (prompt masked)",
+            checks,
+        )
         check(all(r["labels"][-1] == IM_END for r in rows), "every response ends with <|im_end|> (151645) in the labels", checks)
         self.steps.append(Step("training data", "distill.data.build_train_dataset on the LoRA recipe's data", time.perf_counter() - start, None, checks))
 
     def train_steps(self) -> None:
-        lora, full, full15 = (str(REPO / f"recipes/{r}.yaml") for r in
-                              ("qwen2.5-0.5b-from-7b-lora", "qwen2.5-0.5b-from-7b-full", "qwen2.5-1.5b-from-7b-full"))
+        lora, full, full15 = (str(REPO / f"recipes/{r}.yaml") for r in ("qwen2.5-0.5b-from-7b-lora", "qwen2.5-0.5b-from-7b-full", "qwen2.5-1.5b-from-7b-full"))
         small = self.path("qwen2.5-0.5b-instruct")
         argv, shown = self.distill("train", lora, *self.overrides("lora", draft=small))
         self.step("train LoRA", argv, shown, lambda c: self._check_run("lora", c, lora=True))
@@ -310,7 +361,11 @@ class Rehearsal:
         info = json.loads((out / "run_info.json").read_text())
         loss = info["metrics"].get("train_loss")
         check(loss is not None and 0 < loss < float("inf"), f"finite train loss {loss:.4g}", checks)
-        check("eval_expected_acceptance" in info["metrics"], f"held-out eval ran (expected acceptance {info['metrics'].get('eval_expected_acceptance', 0):.3g})", checks)
+        check(
+            "eval_expected_acceptance" in info["metrics"],
+            f"held-out eval ran (expected acceptance {info['metrics'].get('eval_expected_acceptance', 0):.3g})",
+            checks,
+        )
         cfg = json.loads((out / "draft" / "config.json").read_text())
         if lora:
             check(not (out / "draft" / "adapter_config.json").exists(), "LoRA merged on save (a full model in draft/)", checks)
@@ -324,12 +379,18 @@ class Rehearsal:
         from distill.teacher import TeacherCache
 
         gens = [json.loads(line) for line in (self.out / "cache/chat-generations.jsonl").read_text().splitlines()]
-        check(len(gens) == self.samples["train"] + self.samples["eval"] and all(g["messages"][-1]["role"] == "assistant" for g in gens),
-              f"seq-KD: the target answered all {len(gens)} prompts", checks)
+        check(
+            len(gens) == self.samples["train"] + self.samples["eval"] and all(g["messages"][-1]["role"] == "assistant" for g in gens),
+            f"seq-KD: the target answered all {len(gens)} prompts",
+            checks,
+        )
         cache = TeacherCache(self.out / "cache/teacher-top32/train")
         _, ids, lps = cache.example(0)
-        check(cache.manifest["vocab_size"] == REAL_VOCAB and int(ids.max()) < REAL_VOCAB,
-              f"top-{cache.top_k} cache over the real vocabulary only (max id {int(ids.max())} < {REAL_VOCAB})", checks)
+        check(
+            cache.manifest["vocab_size"] == REAL_VOCAB and int(ids.max()) < REAL_VOCAB,
+            f"top-{cache.top_k} cache over the real vocabulary only (max id {int(ids.max())} < {REAL_VOCAB})",
+            checks,
+        )
         check(bool(torch.all(lps.exp().sum(-1) <= 1 + 1e-4)), "cached log-probs are a sub-distribution", checks)
 
     def accept(self) -> None:
@@ -337,9 +398,27 @@ class Rehearsal:
         if not self.quick:
             drafts += ["full=" + str(self.out / "runs/full"), "target-as-draft=" + target]
         n, new = (2, self.max_new) if self.quick else (4, self.max_new)
-        args = ["--target", target, *[a for d in drafts for a in ("--draft", d)], "--tasks", "gsm8k",
-                "--data-file", f"gsm8k={self.gsm8k_dir / 'test.jsonl'}", "--num-samples", str(n), "--max-new-tokens", str(new),
-                "--dtype", "float32", "--device", "cpu", "--cost-repeats", "2", "--output-dir", str(self.out / "accept")]
+        args = [
+            "--target",
+            target,
+            *[a for d in drafts for a in ("--draft", d)],
+            "--tasks",
+            "gsm8k",
+            "--data-file",
+            f"gsm8k={self.gsm8k_dir / 'test.jsonl'}",
+            "--num-samples",
+            str(n),
+            "--max-new-tokens",
+            str(new),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--cost-repeats",
+            "2",
+            "--output-dir",
+            str(self.out / "accept"),
+        ]
         if not self.quick:
             args += ["--ks", "1,2"]
         argv, shown = self.script("eval/acceptance.py", *args)
@@ -361,9 +440,26 @@ class Rehearsal:
         check(text.startswith(SYSTEM_PROMPT) and text.endswith("<|im_start|>assistant\n"), "GSM8K prompts carry the Instruct template", checks)
 
     def bench(self) -> None:
-        args = ["--target", self.path("qwen2.5-7b-instruct"), "--draft", str(self.out / "runs/lora/draft"), "--ks", "1,2",
-                "--repeats", "3", "--num-prompts", "2", "--prompt-len", "32", "--max-new-tokens", "16", "--device", "cpu",
-                "--json", str(self.out / "bench.json")]
+        args = [
+            "--target",
+            self.path("qwen2.5-7b-instruct"),
+            "--draft",
+            str(self.out / "runs/lora/draft"),
+            "--ks",
+            "1,2",
+            "--repeats",
+            "3",
+            "--num-prompts",
+            "2",
+            "--prompt-len",
+            "32",
+            "--max-new-tokens",
+            "16",
+            "--device",
+            "cpu",
+            "--json",
+            str(self.out / "bench.json"),
+        ]
         argv, shown = self.distill("bench", *args)
 
         def checks(c: list[str]) -> None:
@@ -379,8 +475,12 @@ class Rehearsal:
             out = self.out / "published" / ("lora-padded" if padded else "lora")
             args = [str(self.out / "runs/lora"), "--out", str(out), "--eval-report", str(self.out / "accept/report.json"), "--force"]
             argv, shown = self.script("scripts/publish.py", *args, *(["--pad-vocab-to-target"] if padded else []))
-            self.step("publish" + (" --pad-vocab-to-target" if padded else ""), argv, shown,
-                      lambda c, out=out, padded=padded: self._check_published(out, target, padded, c))
+            self.step(
+                "publish" + (" --pad-vocab-to-target" if padded else ""),
+                argv,
+                shown,
+                lambda c, out=out, padded=padded: self._check_published(out, target, padded, c),
+            )
 
     def _check_published(self, folder: Path, target_dir: str, padded: bool, checks: list[str]) -> None:
         cfg = json.loads((folder / "config.json").read_text())
@@ -394,10 +494,10 @@ class Rehearsal:
         for ex in _gsm8k_chats(self.gsm8k_dir, 2):
             enc = tok.apply_chat_template(ex, add_generation_prompt=True, return_tensors="pt", return_dict=True)
             plain = dict(do_sample=False, max_new_tokens=self.max_new, repetition_penalty=1.0, top_k=None, top_p=None, temperature=None)
-            ref.append(target.generate(**enc, **plain)[0, enc["input_ids"].shape[1]:].tolist())
+            ref.append(target.generate(**enc, **plain)[0, enc["input_ids"].shape[1] :].tolist())
             extra = {} if padded else {"tokenizer": tok, "assistant_tokenizer": tok}
             with _recording_candidates(proposed):
-                spec.append(target.generate(**enc, assistant_model=draft, **plain, **extra)[0, enc["input_ids"].shape[1]:].tolist())
+                spec.append(target.generate(**enc, assistant_model=draft, **plain, **extra)[0, enc["input_ids"].shape[1] :].tolist())
         card = (folder / "README.md").read_text()
         if not padded:
             try:
@@ -406,16 +506,22 @@ class Rehearsal:
                 refused = "different tokenizers" in str(err)
             else:
                 refused = False
-            check(refused and "assistant_tokenizer=tokenizer" in card, "plain assistant_model= refuses unequal vocab sizes (transformers), "
-                  "so the model card's snippet passes tokenizer= and assistant_tokenizer=", checks)
+            check(
+                refused and "assistant_tokenizer=tokenizer" in card,
+                "plain assistant_model= refuses unequal vocab sizes (transformers), so the model card's snippet passes tokenizer= and assistant_tokenizer=",
+                checks,
+            )
         else:
             check("assistant_tokenizer" not in card, "the model card's snippet is the plain assistant_model=draft", checks)
         how = "assistant_model=draft" if padded else "assistant_model=draft with tokenizer= and assistant_tokenizer= (vocab sizes differ)"
         check(spec == ref, f"`target.generate({how})` gives the target's own greedy output", checks)
         check_ids(spec, "assistant_model= output", checks, self.max_new)
         bad = sorted({t for t in proposed if t >= REAL_VOCAB})
-        check(proposed and not bad, f"as assistant_model the published draft proposed {len(proposed)} ids, none >= {REAL_VOCAB}"
-              + (f" (proposed {bad[:5]})" if bad else ""), checks)
+        check(
+            proposed and not bad,
+            f"as assistant_model the published draft proposed {len(proposed)} ids, none >= {REAL_VOCAB}" + (f" (proposed {bad[:5]})" if bad else ""),
+            checks,
+        )
 
     def decoder(self) -> None:
         """The bundled decoder with the trained draft and the real template: identity, stops, only real ids proposed."""
@@ -432,14 +538,27 @@ class Rehearsal:
         for chat in _gsm8k_chats(self.gsm8k_dir, 2):
             enc = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
             n = enc["input_ids"].shape[1]
-            ref.append(target.generate(**enc, do_sample=False, max_new_tokens=self.max_new, eos_token_id=IM_END, pad_token_id=ENDOFTEXT,
-                                       repetition_penalty=1.0, top_k=None, top_p=None, temperature=None)[0, n:].tolist())
+            ref.append(
+                target.generate(
+                    **enc,
+                    do_sample=False,
+                    max_new_tokens=self.max_new,
+                    eos_token_id=IM_END,
+                    pad_token_id=ENDOFTEXT,
+                    repetition_penalty=1.0,
+                    top_k=None,
+                    top_p=None,
+                    temperature=None,
+                )[0, n:].tolist()
+            )
             out = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=self.max_new, eos_token_id=IM_END, pad_token_id=ENDOFTEXT)
             spec.append(_trim(out.sequences[0, n:].tolist()))
         check(spec == [_trim(r) for r in ref], "SpeculativeDecoder greedy output equals target.generate (2 GSM8K chats)", checks)
         check_ids(spec, "SpeculativeDecoder output", checks, self.max_new)
         check(max(fed) < REAL_VOCAB, f"the draft (adversarial padding rows) never proposed an id >= {REAL_VOCAB} ({len(fed)} ids fed to it)", checks)
-        self.steps.append(Step("speculative decoder", "distill.speculative.SpeculativeDecoder(target, trained LoRA draft)", time.perf_counter() - start, None, checks))
+        self.steps.append(
+            Step("speculative decoder", "distill.speculative.SpeculativeDecoder(target, trained LoRA draft)", time.perf_counter() - start, None, checks)
+        )
 
     def refusals(self) -> None:
         """A draft with another tokenizer is refused with a clear error by train and publish."""
@@ -451,18 +570,38 @@ class Rehearsal:
             "scripts/publish.py": self.script("scripts/publish.py", "--draft", other, "--target", target, "--out", str(self.out / "published/refused"))[0],
         }
         if not self.quick:
-            cases["eval/acceptance.py"] = self.script("eval/acceptance.py", "--target", target, "--draft", other, "--tasks", "gsm8k",
-                                                      "--data-file", f"gsm8k={self.gsm8k_dir / 'test.jsonl'}", "--num-samples", "1",
-                                                      "--output-dir", str(self.out / "accept-refused"))[0]
+            cases["eval/acceptance.py"] = self.script(
+                "eval/acceptance.py",
+                "--target",
+                target,
+                "--draft",
+                other,
+                "--tasks",
+                "gsm8k",
+                "--data-file",
+                f"gsm8k={self.gsm8k_dir / 'test.jsonl'}",
+                "--num-samples",
+                "1",
+                "--output-dir",
+                str(self.out / "accept-refused"),
+            )[0]
         for name, argv in cases.items():
             run = subprocess.run(argv, capture_output=True, text=True, env=self.env, cwd=REPO)
             said = (run.stdout + run.stderr)[-3000:]
-            check(run.returncode != 0 and "tokenizers disagree" in said, f"{name} refuses a draft with another tokenizer (\"tokenizers disagree\")", checks)
+            check(run.returncode != 0 and "tokenizers disagree" in said, f'{name} refuses a draft with another tokenizer ("tokenizers disagree")', checks)
         self.steps.append(Step("other tokenizer refused", ", ".join(cases), time.perf_counter() - start, None, checks))
 
     def run(self) -> list[Step]:
-        for phase in (self.build, self.train_steps, self.check_data, self.accept, self.decoder, self.publish,
-                      *(() if self.quick else (self.bench,)), self.refusals):
+        for phase in (
+            self.build,
+            self.train_steps,
+            self.check_data,
+            self.accept,
+            self.decoder,
+            self.publish,
+            *(() if self.quick else (self.bench,)),
+            self.refusals,
+        ):
             phase()
         return self.steps
 
@@ -485,8 +624,9 @@ def _recording_candidates(proposed: list[int]) -> Iterator[None]:
     def wrap(original: Callable) -> Callable:
         def get_candidates(self: Any, input_ids: torch.LongTensor, **kwargs: Any) -> Any:
             ids, logits = original(self, input_ids, **kwargs)
-            proposed.extend(ids[:, input_ids.shape[1]:].flatten().tolist())
+            proposed.extend(ids[:, input_ids.shape[1] :].flatten().tolist())
             return ids, logits
+
         return get_candidates
 
     for cls, original in zip(classes, originals):
@@ -509,22 +649,24 @@ def render_markdown(steps: Sequence[Step], total_s: float, command: str, environ
     """The rehearsal section of docs/benchmarks.md: per step the command, time, peak memory and checks."""
     rows = [[s.name, f"{s.wall_s:.1f}", f"{s.peak_rss_mb:.0f}" if s.peak_rss_mb is not None else "in-process", "; ".join(s.checks)] for s in steps]
     commands = "\n".join(f"- {s.name}: `{re.sub(str(REPO) + '/', '', s.command)}`" for s in steps)
-    return "\n".join([
-        "## Rehearsal of the real Qwen2.5 paths (`distill rehearse`)",
-        "",
-        f"`{command}`: {total_s / 60:.1f} min in all on {environment['cpu']} with OMP_NUM_THREADS={environment['omp_threads']} "
-        "(the machine's 2 cores shared with other agents' jobs), torch " + environment["torch"] + ", transformers " + environment["transformers"] + ".",
-        "Random-weight stand-ins of recipes/model_configs/*.json with the real vocab_size (152,064 target / 151,936 drafts), "
-        "tying and head ratio, the real Qwen2.5-Instruct tokenizer (151,665 tokens), the shipped recipes with `--set` "
-        "overrides of paths, steps (1–2) and batch size (2). Peak RSS is the command's own process tree (`os.wait4`). "
-        "See docs/gpu-plan.md for the memory arithmetic at the real shapes.",
-        "",
-        markdown_table(["step", "wall s", "peak RSS MB", "checked"], rows),
-        "",
-        "Commands (paths under the rehearsal's output folder shortened):",
-        "",
-        commands,
-    ])
+    return "\n".join(
+        [
+            "## Rehearsal of the real Qwen2.5 paths (`distill rehearse`)",
+            "",
+            f"`{command}`: {total_s / 60:.1f} min in all on {environment['cpu']} with OMP_NUM_THREADS={environment['omp_threads']} "
+            "(the machine's 2 cores shared with other agents' jobs), torch " + environment["torch"] + ", transformers " + environment["transformers"] + ".",
+            "Random-weight stand-ins of recipes/model_configs/*.json with the real vocab_size (152,064 target / 151,936 drafts), "
+            "tying and head ratio, the real Qwen2.5-Instruct tokenizer (151,665 tokens), the shipped recipes with `--set` "
+            "overrides of paths, steps (1–2) and batch size (2). Peak RSS is the command's own process tree (`os.wait4`). "
+            "See docs/gpu-plan.md for the memory arithmetic at the real shapes.",
+            "",
+            markdown_table(["step", "wall s", "peak RSS MB", "checked"], rows),
+            "",
+            "Commands (paths under the rehearsal's output folder shortened):",
+            "",
+            commands,
+        ]
+    )
 
 
 def _environment() -> dict[str, Any]:
@@ -549,8 +691,7 @@ def rehearse(out: str | os.PathLike, quick: bool = False, markdown: str | None =
     steps = Rehearsal(out, quick).run()
     total = time.perf_counter() - start
     env = _environment()
-    report = {"quick": quick, "total_s": total, "command": command, "environment": env,
-              "steps": [s.__dict__ for s in steps]}
+    report = {"quick": quick, "total_s": total, "command": command, "environment": env, "steps": [s.__dict__ for s in steps]}
     (out / "rehearsal.json").write_text(json.dumps(report, indent=2))
     if markdown:
         write_section(markdown, "rehearsal", render_markdown(steps, total, command, env))
@@ -568,7 +709,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RehearsalError, FileNotFoundError) as err:
         print(f"distill rehearse: FAILED: {err}", file=sys.stderr)
         return 1
-    print(f"distill rehearse: all {sum(len(s['checks']) for s in report['steps'])} checks passed in {report['total_s'] / 60:.1f} min; {Path(args.out) / 'rehearsal.json'}")
+    print(
+        f"distill rehearse: all {sum(len(s['checks']) for s in report['steps'])} checks passed in {report['total_s'] / 60:.1f} min; {Path(args.out) / 'rehearsal.json'}"
+    )
     return 0
 
 

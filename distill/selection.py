@@ -22,8 +22,17 @@ LogitsAt = Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
 
 
 @torch.no_grad()
-def token_losses(name: str, logits_at: LogitsAt, signal: dict[str, torch.Tensor], mask: torch.Tensor, *, vocab_size: int,
-                 temperature: float = 1.0, beta: float = 0.5, chunk_size: int = 1024) -> torch.Tensor:
+def token_losses(
+    name: str,
+    logits_at: LogitsAt,
+    signal: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    *,
+    vocab_size: int,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
     """[B, T] float32: the divergence of each masked token (0 elsewhere) between a model's logits,
     given `chunk_size` positions at a time by `logits_at((rows, cols))`, and the teacher `signal`
     (dense `teacher_logits` or cached `teacher_topk_ids`/`teacher_topk_logprobs`, each [B, T, ·])."""
@@ -32,8 +41,7 @@ def token_losses(name: str, logits_at: LogitsAt, signal: dict[str, torch.Tensor]
     for c in range(0, len(rows), chunk_size):
         sel = (rows[c : c + chunk_size], cols[c : c + chunk_size])
         teacher = {key: signal[key][sel] for key in ("teacher_logits", "teacher_topk_ids", "teacher_topk_logprobs") if key in signal}
-        out[sel] = losses.token_divergence(name, logits_at(sel), temperature=temperature, beta=beta, vocab_size=vocab_size,
-                                           **teacher).float()
+        out[sel] = losses.token_divergence(name, logits_at(sel), temperature=temperature, beta=beta, vocab_size=vocab_size, **teacher).float()
     return out
 
 
@@ -75,8 +83,9 @@ class TokenSelection:
         self.reference, self.keep_fraction, self.fused = reference, keep_fraction, fused
         self._kept = torch.zeros(2, dtype=torch.float64)
 
-    def select(self, draft_logits_at: LogitsAt, inputs: dict[str, torch.Tensor], signal: dict[str, torch.Tensor],
-               mask: torch.Tensor, loss_spec: Any, vocab_size: int) -> torch.Tensor:
+    def select(
+        self, draft_logits_at: LogitsAt, inputs: dict[str, torch.Tensor], signal: dict[str, torch.Tensor], mask: torch.Tensor, loss_spec: Any, vocab_size: int
+    ) -> torch.Tensor:
         """The subset of `mask` the loss is taken on in this batch."""
         options = dict(vocab_size=vocab_size, temperature=loss_spec.temperature, beta=loss_spec.beta, chunk_size=loss_spec.chunk_size)
         draft = token_losses(loss_spec.divergence, draft_logits_at, signal, mask, **options)

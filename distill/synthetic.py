@@ -110,8 +110,7 @@ class SyntheticDraft(torch.nn.Module):
     def get_output_embeddings(self) -> torch.nn.Module | None:
         return self.draft.get_output_embeddings()
 
-    def forward(self, input_ids: torch.LongTensor, position_ids: torch.LongTensor | None = None,
-                cache_position: torch.LongTensor | None = None, **kwargs):
+    def forward(self, input_ids: torch.LongTensor, position_ids: torch.LongTensor | None = None, cache_position: torch.LongTensor | None = None, **kwargs):
         """The wrapped draft's output with logits one-hot at the synthetic proposal of each kept position."""
         batch, length = input_ids.shape
         if batch != self.proposals.shape[0]:
@@ -188,8 +187,7 @@ def _as_prompts(prompts: Sequence[torch.Tensor], device: torch.device) -> list[t
     return out
 
 
-def target_baseline(target: PreTrainedModel, prompts: Sequence[torch.Tensor], max_new_tokens: int, repeats: int = 1,
-                    backend: str = "auto") -> TargetBaseline:
+def target_baseline(target: PreTrainedModel, prompts: Sequence[torch.Tensor], max_new_tokens: int, repeats: int = 1, backend: str = "auto") -> TargetBaseline:
     """Greedy target-only decoding of every prompt (EOS ignored) after a warm-up at the timed shape,
     medians over `repeats`: the plain cached loop ("eager") or the static loop's graphed step ("static")."""
     if max_new_tokens < 1 or repeats < 1:
@@ -203,6 +201,7 @@ def target_baseline(target: PreTrainedModel, prompts: Sequence[torch.Tensor], ma
             out = target_only_generate(target, ids, max_new_tokens, loop=loop)
             return out.sequences, out.stats.wall_s, out.stats.ttft_s
     else:
+
         def decode(ids: torch.LongTensor) -> tuple[torch.LongTensor, float, float]:
             return greedy_decode(target, ids, max_new_tokens)
 
@@ -220,8 +219,18 @@ def merge_stats(stats: Sequence[SpecStats]) -> SpecStats:
     """Counts of several single-prompt runs summed into one SpecStats."""
     total = SpecStats()
     for s in stats:
-        for name in ("proposed", "accepted", "new_tokens", "rounds", "target_forwards", "draft_forwards",
-                     "sequence_forwards", "num_sequences", "ttft_s", "wall_s"):
+        for name in (
+            "proposed",
+            "accepted",
+            "new_tokens",
+            "rounds",
+            "target_forwards",
+            "draft_forwards",
+            "sequence_forwards",
+            "num_sequences",
+            "ttft_s",
+            "wall_s",
+        ):
             setattr(total, name, getattr(total, name) + getattr(s, name))
         grow = len(s.position_proposed) - len(total.position_proposed)
         total.position_proposed += [0] * max(0, grow)
@@ -232,8 +241,9 @@ def merge_stats(stats: Sequence[SpecStats]) -> SpecStats:
     return total
 
 
-def _synthetic_runs(target, draft, alphas, k, prompts, max_new_tokens, costs: Costs, baseline: TargetBaseline,
-                    repeats: int, seed: int, backend: str) -> list[dict[str, Any]]:
+def _synthetic_runs(
+    target, draft, alphas, k, prompts, max_new_tokens, costs: Costs, baseline: TargetBaseline, repeats: int, seed: int, backend: str
+) -> list[dict[str, Any]]:
     """One decoder for draft length k (warmed up, and captured, once) run at every α in turn. Each
     prompt's target-only time is re-taken right before its speculative runs (when the baseline can
     decode), so drift of the machine's speed (shared CPUs, clocks) cancels out of the ratio."""
@@ -267,30 +277,32 @@ def _synthetic_runs(target, draft, alphas, k, prompts, max_new_tokens, costs: Co
         measured_alpha = fit_alpha(total.position_proposed, total.position_accepted)
         base_s, spec_s = sum(base_wall), sum(walls)
         base_decode, spec_decode = base_s - sum(base_ttft), spec_s - sum(ttfts)
-        results.append({
-            "alpha": alpha,
-            "k": k,
-            "backend": kind,
-            "baseline_backend": baseline.backend,
-            "num_prompts": len(prompts),
-            "max_new_tokens": max_new_tokens,
-            "measured_alpha": measured_alpha,
-            "acceptance_rate": total.acceptance_rate,
-            "mean_accepted_length": total.mean_accepted_length,
-            "expected_accepted_length": expected_tokens_per_round(alpha, k) - 1.0,
-            "per_position_acceptance": total.per_position_acceptance,
-            "tokens_per_target_forward": total.tokens_per_target_forward,
-            "rounds": total.rounds,
-            "target_s": base_s,
-            "speculative_s": spec_s,
-            "speedup": base_s / spec_s,
-            "decode_speedup": base_decode / spec_decode if spec_decode > 0 else 0.0,
-            "predicted_speedup": predicted_speedup(measured_alpha, k, costs.c, costs.v[k]),
-            "predicted_speedup_nominal": predicted_speedup(alpha, k, costs.c, costs.v[k]),
-            "c": costs.c,
-            "v_k": costs.v[k],
-            "greedy_identity": identical / len(prompts),
-        })
+        results.append(
+            {
+                "alpha": alpha,
+                "k": k,
+                "backend": kind,
+                "baseline_backend": baseline.backend,
+                "num_prompts": len(prompts),
+                "max_new_tokens": max_new_tokens,
+                "measured_alpha": measured_alpha,
+                "acceptance_rate": total.acceptance_rate,
+                "mean_accepted_length": total.mean_accepted_length,
+                "expected_accepted_length": expected_tokens_per_round(alpha, k) - 1.0,
+                "per_position_acceptance": total.per_position_acceptance,
+                "tokens_per_target_forward": total.tokens_per_target_forward,
+                "rounds": total.rounds,
+                "target_s": base_s,
+                "speculative_s": spec_s,
+                "speedup": base_s / spec_s,
+                "decode_speedup": base_decode / spec_decode if spec_decode > 0 else 0.0,
+                "predicted_speedup": predicted_speedup(measured_alpha, k, costs.c, costs.v[k]),
+                "predicted_speedup_nominal": predicted_speedup(alpha, k, costs.c, costs.v[k]),
+                "c": costs.c,
+                "v_k": costs.v[k],
+                "greedy_identity": identical / len(prompts),
+            }
+        )
     return results
 
 

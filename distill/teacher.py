@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.models import load_model, load_tokenizer
 from distill.data import build_eval_dataset, build_train_dataset, check_context, generate_share
+from distill.models import load_model, load_tokenizer
 from distill.provenance import versions
 from distill.topk_store import TopKStore, store_dir
 from distill.vocab import tokenizer_fingerprint
@@ -54,8 +54,9 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def load_target(name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None,
-                trust_remote_code: bool = False) -> PreTrainedModel:
+def load_target(
+    name_or_path: str, revision: str | None = None, dtype: str = "auto", device: torch.device | str | None = None, trust_remote_code: bool = False
+) -> PreTrainedModel:
     """The target model, frozen, from any reference `distill.models` reads (`revision` pins a Hub commit)."""
     return freeze(load_model(name_or_path, dtype=dtype, device=device, revision=revision, trust_remote_code=trust_remote_code, what="target"))
 
@@ -209,8 +210,7 @@ def write_cache(
         problems = _diff(old, manifest, (*_IDENTITY_KEYS, "top_k", "dtype", "shard_size"))
         if problems:
             raise CacheMismatchError(
-                f"{cache_dir} already holds a different teacher cache ({'; '.join(problems)}). "
-                "Delete that directory or set teacher.cache_dir to a new one."
+                f"{cache_dir} already holds a different teacher cache ({'; '.join(problems)}). Delete that directory or set teacher.cache_dir to a new one."
             )
     elif process_index == 0:
         _atomic_write_text(path, json.dumps(manifest, indent=2))
@@ -255,8 +255,9 @@ def write_cache(
     return cache_dir
 
 
-def _forward_rows(model: torch.nn.Module, rows: list[dict], pad_token_id: int, top_k: int, vocab_size: int,
-                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _forward_rows(
+    model: torch.nn.Module, rows: list[dict], pad_token_id: int, top_k: int, vocab_size: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(response positions, top-k ids, top-k log-probs) of each row, on the CPU, from one forward pass of the batch."""
     if not rows:
         return []
@@ -343,7 +344,11 @@ class TeacherCache:
             shard = self.cache_dir / SHARD_PATTERN.format(s)
             found = _file_record(shard) if shard.stat().st_size == recorded["bytes"] else {"bytes": shard.stat().st_size}
             if found != recorded:
-                what = f"{found['bytes']} bytes, the manifest recorded {recorded['bytes']}" if found["bytes"] != recorded["bytes"] else "its sha256 differs from the manifest's"
+                what = (
+                    f"{found['bytes']} bytes, the manifest recorded {recorded['bytes']}"
+                    if found["bytes"] != recorded["bytes"]
+                    else "its sha256 differs from the manifest's"
+                )
                 raise CacheMismatchError(
                     f"teacher cache shard {shard} is corrupt ({what}): delete it and rerun `distill cache-teacher RECIPE`, "
                     "which recomputes only the missing shards"
@@ -434,7 +439,9 @@ def cache_dirs(cache_dir: str | os.PathLike) -> dict[str, Path]:
     return {"train": Path(cache_dir) / "train", "eval": Path(cache_dir) / "eval"}
 
 
-def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str | None = None, dtype: str = "float32", shard_size: int = 256) -> dict[str, Path]:
+def cache_teacher(
+    recipe: Any, recipe_path: str | None = None, *, cache_dir: str | None = None, dtype: str = "float32", shard_size: int = 256
+) -> dict[str, Path]:
     """Cache the recipe's target over its training data (and held-out data, when it has an
     eval_split) under teacher.cache_dir/{train,eval}. Runs under `accelerate launch` too: shards
     are split across processes."""
@@ -472,10 +479,20 @@ def cache_teacher(recipe: Any, recipe_path: str | None = None, *, cache_dir: str
         where = cache_dirs(cache_dir)[name]
         identity = cache_identity(spec.name_or_path, spec.revision, tokenizer, dataset)
         write_cache(
-            model, dataset, where, identity,
-            top_k=recipe.teacher.top_k, pad_token_id=tokenizer.pad_token_id, batch_size=recipe.teacher.batch_size,
-            shard_size=shard_size, dtype=dtype, provenance=provenance, device=state.device,
-            process_index=state.process_index, num_processes=state.num_processes, kept=kept,
+            model,
+            dataset,
+            where,
+            identity,
+            top_k=recipe.teacher.top_k,
+            pad_token_id=tokenizer.pad_token_id,
+            batch_size=recipe.teacher.batch_size,
+            shard_size=shard_size,
+            dtype=dtype,
+            provenance=provenance,
+            device=state.device,
+            process_index=state.process_index,
+            num_processes=state.num_processes,
+            kept=kept,
         )
         state.wait_for_everyone()
         if state.is_main_process:

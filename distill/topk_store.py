@@ -53,8 +53,9 @@ class KeepTopK:
         return torch.stack(self.ids, 1), torch.stack(self.logps, 1)
 
 
-def write_batch(directory: Path, keys: Sequence[str], tokens: Sequence[torch.Tensor], ids: Sequence[torch.Tensor],
-                logps: Sequence[torch.Tensor], vocab_size: int) -> Path:
+def write_batch(
+    directory: Path, keys: Sequence[str], tokens: Sequence[torch.Tensor], ids: Sequence[torch.Tensor], logps: Sequence[torch.Tensor], vocab_size: int
+) -> Path:
     """One generated batch: per prompt its response `tokens` [n] and their top-k `ids`/`logps` [n, k]
     (n steps each, EOS included when it came). Atomic: the file is whole or absent."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -72,8 +73,11 @@ def write_batch(directory: Path, keys: Sequence[str], tokens: Sequence[torch.Ten
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp,
-                  metadata={"keys": json.dumps(list(keys)), "top_k": str(tensors["topk_ids"].shape[-1]), "vocab_size": str(vocab_size)})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            tmp,
+            metadata={"keys": json.dumps(list(keys)), "top_k": str(tensors["topk_ids"].shape[-1]), "vocab_size": str(vocab_size)},
+        )
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -114,5 +118,4 @@ class TopKStore:
         path, row = found
         with safe_open(str(path), framework="pt") as f:
             lo, hi = f.get_slice("offsets")[row : row + 2].tolist()
-            return (f.get_slice("tokens")[lo:hi].long(), f.get_slice("topk_ids")[lo:hi, :k].long(),
-                    f.get_slice("topk_logprobs")[lo:hi, :k].float())
+            return (f.get_slice("tokens")[lo:hi].long(), f.get_slice("topk_ids")[lo:hi, :k].long(), f.get_slice("topk_logprobs")[lo:hi, :k].float())

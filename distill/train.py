@@ -42,15 +42,16 @@ from transformers import (
 from distill import losses
 from distill.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context, generate_share
 from distill.models import ModelLoadError, load_model, load_tokenizer, share_permissions
+from distill.provenance import versions
 from distill.recipe import check_paths, save_recipe
 from distill.selection import TokenSelection
 from distill.teacher import (
-    CachedTeacherCollator,
     MANIFEST,
+    CachedTeacherCollator,
     TeacherCache,
     cache_dirs,
-    cache_teacher,
     cache_identity,
+    cache_teacher,
     load_target,
     load_target_tokenizer,
     prepare_teacher,
@@ -58,7 +59,6 @@ from distill.teacher import (
     teacher_logits,
     topk_logprobs,
 )
-from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
 logger = logging.getLogger(__name__)
@@ -124,8 +124,7 @@ class DistillTrainer(Trainer):
         if reference is not None:
             if loss.token_selection is None:
                 raise ValueError("a reference draft was given but loss.token_selection is not set")
-            self.selection = TokenSelection(prepare_teacher(reference, self.accelerator), loss.token_selection.keep_fraction,
-                                            fused=self._fused_ok(reference))
+            self.selection = TokenSelection(prepare_teacher(reference, self.accelerator), loss.token_selection.keep_fraction, fused=self._fused_ok(reference))
         elif loss.token_selection is not None:
             raise ValueError("loss.token_selection is set but no reference draft was given to the trainer")
         from trl.models.utils import _ForwardRedirection
@@ -194,7 +193,9 @@ class DistillTrainer(Trainer):
         if self.selection is not None and torch.is_grad_enabled():
             kwargs["mask"] = self.selection.select(logits_at, inputs, kwargs, kwargs["mask"], self.loss_spec, self.vocab_size)
 
-    def _fused_student(self, unwrapped: torch.nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any], labels: torch.Tensor, stats_signal: dict | None):
+    def _fused_student(
+        self, unwrapped: torch.nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict[str, Any], labels: torch.Tensor, stats_signal: dict | None
+    ):
         causal_lm = unwrapped.get_base_model() if _is_peft(unwrapped) else unwrapped
         hidden = causal_lm.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).last_hidden_state
         weight = causal_lm.get_output_embeddings().weight
@@ -202,7 +203,16 @@ class DistillTrainer(Trainer):
             hidden, weight = hidden.detach(), weight.detach()
         self._select(lambda sel: hidden.detach()[sel] @ weight.detach().T, inputs, kwargs)
         spec = self.loss_spec
-        loss = losses.fused_divergence(spec.divergence, hidden, weight, chunk_size=spec.chunk_size, labels=labels, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
+        loss = losses.fused_divergence(
+            spec.divergence,
+            hidden,
+            weight,
+            chunk_size=spec.chunk_size,
+            labels=labels,
+            ce_weight=spec.ce_weight,
+            divergence_weight=spec.divergence_weight,
+            **kwargs,
+        )
         stats = None
         if stats_signal is not None:
             h, w = hidden.detach(), weight.detach()
@@ -224,7 +234,9 @@ class DistillTrainer(Trainer):
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
         self._select(lambda sel: logits.detach()[sel], inputs, kwargs)
         spec = self.loss_spec
-        loss = losses.distillation_loss(spec.divergence, logits, chunk_size=spec.chunk_size, labels=shifted, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs)
+        loss = losses.distillation_loss(
+            spec.divergence, logits, chunk_size=spec.chunk_size, labels=shifted, ce_weight=spec.ce_weight, divergence_weight=spec.divergence_weight, **kwargs
+        )
         stats = self._token_stats(lambda sel: logits.detach()[sel], signal, mask) if with_stats else None
         return loss, stats
 
@@ -333,7 +345,9 @@ class DistillTrainer(Trainer):
         self._eval_stats += stats.to(self._eval_stats.device)
         return loss.detach(), None, None
 
-    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"):
+    def evaluation_loop(
+        self, dataloader: Any, description: str, prediction_loss_only: bool | None = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ):
         self._eval_stats = torch.zeros(3, dtype=torch.float64, device=self.args.device)
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         tvd, agree, n = self.accelerator.reduce(self._eval_stats, reduction="sum").tolist()  # every rank takes part
@@ -353,7 +367,9 @@ def build_draft(spec: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> Pre
         config = dict(spec.config)
         config.setdefault("vocab_size", len(tokenizer))
         if config["vocab_size"] < len(tokenizer):
-            raise ValueError(f"draft.config.vocab_size={config['vocab_size']} is smaller than the tokenizer ({len(tokenizer)} tokens): make it at least {len(tokenizer)}")
+            raise ValueError(
+                f"draft.config.vocab_size={config['vocab_size']} is smaller than the tokenizer ({len(tokenizer)} tokens): make it at least {len(tokenizer)}"
+            )
         qwen = Qwen2Config(**config)
         qwen.eos_token_id, qwen.pad_token_id, qwen.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
         set_seed(seed)
@@ -449,8 +465,9 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     tokenizer = load_target_tokenizer(spec)
     if recipe.draft.config is None:
         try:
-            draft_tokenizer = load_tokenizer(recipe.draft.name_or_path, revision=recipe.draft.revision,
-                                             trust_remote_code=recipe.draft.trust_remote_code, what="draft tokenizer")
+            draft_tokenizer = load_tokenizer(
+                recipe.draft.name_or_path, revision=recipe.draft.revision, trust_remote_code=recipe.draft.trust_remote_code, what="draft tokenizer"
+            )
         except ModelLoadError:
             logger.warning("draft %s ships no tokenizer: assuming it uses the target's", recipe.draft.name_or_path)
         else:
@@ -464,8 +481,7 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
     zero3 = _zero3()
     teacher = None
     if mode == "online":
-        teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, device=None if zero3 else args.device,
-                              trust_remote_code=spec.trust_remote_code)
+        teacher = load_target(spec.name_or_path, spec.revision, spec.dtype, device=None if zero3 else args.device, trust_remote_code=spec.trust_remote_code)
     generator = None if zero3 else teacher
 
     model = build_draft(recipe.draft, tokenizer, recipe.seed)
@@ -608,7 +624,7 @@ def checkpoint_problems(checkpoint: Path, num_processes: int = 1) -> list[str]:
 def _check_output_dir(output_dir: str, resume: bool) -> str | None:
     """The checkpoint to resume from: the newest one saved whole (one cut off mid-save is passed over),
     refused when it lacks a file a faithful resume needs."""
-    steps = {int(p.name[len("checkpoint-"):]): p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-"):].isdigit()}
+    steps = {int(p.name[len("checkpoint-") :]): p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-") :].isdigit()}
     found = [steps[s] for s in sorted(steps, reverse=True)]
     if not resume:
         if found:
@@ -620,7 +636,9 @@ def _check_output_dir(output_dir: str, resume: bool) -> str | None:
         logger.warning("passing over %s: cut off while saving (no whole trainer_state.json)", ", ".join(p.name for p in torn))
     if not whole:
         if torn:
-            raise FileNotFoundError(f"--resume: {', '.join(p.name for p in torn)} in {output_dir} were cut off while saving and no earlier checkpoint exists; delete them and run without --resume")
+            raise FileNotFoundError(
+                f"--resume: {', '.join(p.name for p in torn)} in {output_dir} were cut off while saving and no earlier checkpoint exists; delete them and run without --resume"
+            )
         raise FileNotFoundError(f"--resume: no checkpoint-N directory in {output_dir}; run without --resume to start")
     missing = checkpoint_problems(whole[0], int(os.environ.get("WORLD_SIZE", "1")))
     if missing:

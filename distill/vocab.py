@@ -24,9 +24,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def check_tokenizers_agree(
-    tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase, names: tuple[str, str] = ("target", "draft")
-) -> None:
+def check_tokenizers_agree(tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase, names: tuple[str, str] = ("target", "draft")) -> None:
     """Raise ValueError saying which tokens differ unless both tokenizers map ids to the same tokens.
 
     Embedding padding (152,064 vs 151,936 rows) is not a difference: only the tokenizers are compared."""
@@ -57,8 +55,7 @@ def check_special_ids_agree(target: PreTrainedModel, draft: PreTrainedModel) -> 
         t, d = getattr(target.config, name, None), getattr(draft.config, name, None)
         if t is not None and d is not None and t != d:
             raise ValueError(
-                f"target and draft configs disagree on {name} ({t} vs {d}): their tokenizers differ. "
-                "Use a draft that shares the target's tokenizer."
+                f"target and draft configs disagree on {name} ({t} vs {d}): their tokenizers differ. Use a draft that shares the target's tokenizer."
             )
 
 

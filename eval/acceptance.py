@@ -33,12 +33,12 @@ from transformers.generation.streamers import BaseStreamer
 
 from distill.arguments import default_device, parser, quiet_cpu_deepspeed
 from distill.eval.report import write_outputs
-from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
+from distill.machine_load import MachineLoad, warn
+from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
+from distill.provenance import versions
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
-from distill.machine_load import MachineLoad, warn
-from distill.provenance import versions
 from distill.vocab import check_tokenizers_agree
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -199,8 +199,7 @@ def target_generate(target: PreTrainedModel, batch: dict[str, torch.Tensor], dec
     clock = _FirstTokenClock()
     _sync(device)
     start = time.perf_counter()
-    out = target.generate(**batch, max_new_tokens=dec.max_new_tokens, eos_token_id=dec.eos, pad_token_id=dec.pad,
-                          streamer=clock, **kwargs)
+    out = target.generate(**batch, max_new_tokens=dec.max_new_tokens, eos_token_id=dec.eos, pad_token_id=dec.pad, streamer=clock, **kwargs)
     _sync(device)
     wall = time.perf_counter() - start
     new = out[:, batch["input_ids"].shape[1] :].tolist()
@@ -209,12 +208,19 @@ def target_generate(target: PreTrainedModel, batch: dict[str, torch.Tensor], dec
 
 def speculative_generate(decoder: SpeculativeDecoder, batch: dict[str, torch.Tensor], dec: Decoding, seed: int) -> dict[str, Any]:
     """Speculative decoding of one batch: new tokens per row, wall time, TTFT and the decoder's stats."""
-    out = decoder.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens=dec.max_new_tokens,
-                           do_sample=dec.do_sample, temperature=dec.temperature if dec.do_sample else 1.0,
-                           top_p=dec.top_p, eos_token_id=dec.eos, pad_token_id=dec.pad, seed=seed)
+    out = decoder.generate(
+        batch["input_ids"],
+        batch["attention_mask"],
+        max_new_tokens=dec.max_new_tokens,
+        do_sample=dec.do_sample,
+        temperature=dec.temperature if dec.do_sample else 1.0,
+        top_p=dec.top_p,
+        eos_token_id=dec.eos,
+        pad_token_id=dec.pad,
+        seed=seed,
+    )
     new = out.sequences[:, batch["input_ids"].shape[1] :].tolist()
-    return {"new": [trim(row, set(dec.eos)) for row in new], "wall_s": out.stats.wall_s, "ttft_s": out.stats.ttft_s,
-            "stats": out.stats.to_dict()}
+    return {"new": [trim(row, set(dec.eos)) for row in new], "wall_s": out.stats.wall_s, "ttft_s": out.stats.ttft_s, "stats": out.stats.to_dict()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,8 +336,7 @@ def _plain_generation_config(model: PreTrainedModel, eos: list[int], pad: int) -
     top_k, do_sample), so its own decoding follows the rule the speculative decoder applies.
     Returns what was dropped, for the report."""
     old = model.generation_config.to_diff_dict()
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad,
-                                               bos_token_id=model.generation_config.bos_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=model.generation_config.bos_token_id)
     return {k: v for k, v in old.items() if k not in ("eos_token_id", "pad_token_id", "bos_token_id", "transformers_version")}
 
 
@@ -380,9 +385,14 @@ def _check(settings: Settings) -> None:
     """Refuse settings that cannot run, before anything loads."""
     for name in settings.tasks:
         get_task(name)
-    for flag, value in (("--num-draft-tokens", settings.num_draft_tokens), ("--batch-size", settings.batch_size),
-                        ("--max-new-tokens", settings.max_new_tokens), ("--sweep-samples", settings.sweep_samples),
-                        ("--num-samples", settings.num_samples), ("--cost-repeats", settings.cost_repeats)):
+    for flag, value in (
+        ("--num-draft-tokens", settings.num_draft_tokens),
+        ("--batch-size", settings.batch_size),
+        ("--max-new-tokens", settings.max_new_tokens),
+        ("--sweep-samples", settings.sweep_samples),
+        ("--num-samples", settings.num_samples),
+        ("--cost-repeats", settings.cost_repeats),
+    ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     if settings.temperature < 0 or not 0 < settings.top_p <= 1:
@@ -400,8 +410,9 @@ def load_examples(settings: Settings) -> dict[str, list[TaskExample]]:
             opts["num_fewshot"] = settings.num_fewshot
         if name == "cnndm" and settings.max_article_words is not None:
             opts["max_article_words"] = settings.max_article_words
-        examples[name] = task.load(data_file=settings.data_files.get(name),
-                                   num_samples=settings.num_samples or task.default_num_samples, seed=settings.seed, **opts)
+        examples[name] = task.load(
+            data_file=settings.data_files.get(name), num_samples=settings.num_samples or task.default_num_samples, seed=settings.seed, **opts
+        )
     return examples
 
 
@@ -430,8 +441,7 @@ def _stop_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tu
     return eos, pad if pad is not None else (eos[0] if eos else 0)
 
 
-def _check_context(encoded: dict[str, list[list[int]]], examples: dict[str, list[TaskExample]], max_new: dict[str, int],
-                   k_max: int, context: int) -> None:
+def _check_context(encoded: dict[str, list[list[int]]], examples: dict[str, list[TaskExample]], max_new: dict[str, int], k_max: int, context: int) -> None:
     """Refuse a prompt that cannot be decoded within the models' context."""
     for name, rows in encoded.items():
         longest = max(range(len(rows)), key=lambda i: len(rows[i]))
@@ -451,15 +461,21 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     examples = load_examples(settings)
     tokenizer, target_path, draft_paths = _tokenizers(settings)
     encoded = {
-        name: [tokenizer(tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)["input_ids"] for ex in exs]
+        name: [
+            tokenizer(tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+            for ex in exs
+        ]
         for name, exs in examples.items()
     }
 
     device = torch.device(settings.device)
     target = _load_model(target_path, settings.dtype, settings.device, "target")
-    drafts = {d.name: target if _same_model(draft_paths[d.name], target_path)
-              else _load_model(draft_paths[d.name], target.dtype, settings.device, f"draft {d.name!r}") for d in settings.drafts}
+    drafts = {
+        d.name: target
+        if _same_model(draft_paths[d.name], target_path)
+        else _load_model(draft_paths[d.name], target.dtype, settings.device, f"draft {d.name!r}")
+        for d in settings.drafts
+    }
     eos, pad = _stop_ids(target, tokenizer)
     dropped = _plain_generation_config(target, eos, pad)
     if settings.draft_alone:  # each draft decodes alone too, by the same rule as the target
@@ -473,8 +489,11 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     context = min([_context(target)] + [_context(m) for m in drafts.values()])
     max_new = {name: settings.max_new_tokens or get_task(name).max_new_tokens for name in settings.tasks}
     _check_context(encoded, examples, max_new, max(ks_all), context)
-    decoders = {(d, k): SpeculativeDecoder(target, model, num_draft_tokens=k, schedule=settings.schedule, tokenizer=tokenizer,
-                                           draft_tokenizer=tokenizer) for d, model in drafts.items() for k in ks_all}
+    decoders = {
+        (d, k): SpeculativeDecoder(target, model, num_draft_tokens=k, schedule=settings.schedule, tokenizer=tokenizer, draft_tokenizer=tokenizer)
+        for d, model in drafts.items()
+        for k in ks_all
+    }
     decoding = {name: Decoding(max_new[name], settings.do_sample, settings.temperature, settings.top_p, eos, pad) for name in settings.tasks}
 
     def tensors(name: str, idx: list[int]) -> dict[str, torch.Tensor]:
@@ -505,7 +524,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         if journal.get(key) is None:
             batch, seed = tensors(name, idx), settings.seed + b
             if who == "target" or who.startswith(ALONE):
-                result = target_generate(target if who == "target" else drafts[who[len(ALONE):]], batch, decoding[name], seed)
+                result = target_generate(target if who == "target" else drafts[who[len(ALONE) :]], batch, decoding[name], seed)
             else:
                 result = speculative_generate(decoders[(who, k)], batch, decoding[name], seed)
             journal.add(key, {"task": name, "batch": b, "examples": idx, "system": who, "k": k, **result})
@@ -517,8 +536,9 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
                 ids = {ex.id: i for i, ex in enumerate(examples[name])}
                 base = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == "target")
                 spec = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == d and r["k"] == k0)
-                row["mismatches"] = [{"example": e, **first_difference(target, encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)}
-                                     for e in row["differing_examples"]]
+                row["mismatches"] = [
+                    {"example": e, **first_difference(target, encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)} for e in row["differing_examples"]
+                ]
     # c and v(k) at the median prompt length of this run, for the predicted speedup next to the measured one.
     prompt_len = int(statistics.median(len(r) for rows in encoded.values() for r in rows))
     prompt_len = max(1, min(prompt_len, context - max(ks_all) - 2))
@@ -544,13 +564,22 @@ def first_difference(target: PreTrainedModel, prompt: list[int], expected: list[
     position = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
     ids = torch.tensor([prompt + expected[:position]], device=device)
     top2 = target(input_ids=ids).logits[0, -1].float().topk(2)
-    return {"position": position, "target_token": expected[position] if position < len(expected) else None,
-            "speculative_token": got[position] if position < len(got) else None,
-            "target_top2_margin": float(top2.values[0] - top2.values[1])}
+    return {
+        "position": position,
+        "target_token": expected[position] if position < len(expected) else None,
+        "speculative_token": got[position] if position < len(got) else None,
+        "target_top2_margin": float(top2.values[0] - top2.values[1]),
+    }
 
 
-def build_report(settings: Settings, examples: dict[str, list[TaskExample]], records: dict[str, dict],
-                 tokenizer: PreTrainedTokenizerBase, environment: dict[str, Any], draft_paths: dict[str, str]) -> dict[str, Any]:
+def build_report(
+    settings: Settings,
+    examples: dict[str, list[TaskExample]],
+    records: dict[str, dict],
+    tokenizer: PreTrainedTokenizerBase,
+    environment: dict[str, Any],
+    draft_paths: dict[str, str],
+) -> dict[str, Any]:
     """The report's measured figures (schema in INTERFACES.md) from the journalled records."""
     k0 = settings.num_draft_tokens
 
@@ -597,8 +626,11 @@ def build_report(settings: Settings, examples: dict[str, list[TaskExample]], rec
                 alone = select(name, ALONE + d.name, None)
                 alone_tokens = _outputs(alone)
                 alone_quality = _quality(get_task(name), [tokenizer.decode(alone_tokens[i], skip_special_tokens=True) for i in range(n)], examples[name])
-                tasks[name].update(draft_alone_quality=alone_quality["quality"], draft_alone_metrics=alone_quality["metrics"],
-                                   draft_alone_tokens_per_s=_timing(alone)["tokens_per_s"])
+                tasks[name].update(
+                    draft_alone_quality=alone_quality["quality"],
+                    draft_alone_metrics=alone_quality["metrics"],
+                    draft_alone_tokens_per_s=_timing(alone)["tokens_per_s"],
+                )
         pooled = [r for r in records.values() if r["system"] == d.name and r["k"] == k0]
         sweep = []
         for k in sorted(set(settings.ks) | {k0}):
@@ -606,11 +638,18 @@ def build_report(settings: Settings, examples: dict[str, list[TaskExample]], rec
             base = [r for name in settings.tasks for r in select(name, "target", None, sweep_only=True)]
             spec_wall, base_wall = sum(r["wall_s"] for r in spec), sum(r["wall_s"] for r in base)
             acc = _acceptance(spec)
-            sweep.append({"k": k, "measured_speedup": base_wall / spec_wall if spec_wall else 0.0, "alpha": acc["alpha"],
-                          "acceptance_rate": acc["acceptance_rate"], "tokens_per_target_forward": acc["tokens_per_target_forward"],
-                          "wall_s": spec_wall, "target_wall_s": base_wall})
-        drafts[d.name] = {"path": d.path, "resolved_path": draft_paths[d.name], "alpha": _acceptance(pooled)["alpha"],
-                          "tasks": tasks, "sweep": sweep}
+            sweep.append(
+                {
+                    "k": k,
+                    "measured_speedup": base_wall / spec_wall if spec_wall else 0.0,
+                    "alpha": acc["alpha"],
+                    "acceptance_rate": acc["acceptance_rate"],
+                    "tokens_per_target_forward": acc["tokens_per_target_forward"],
+                    "wall_s": spec_wall,
+                    "target_wall_s": base_wall,
+                }
+            )
+        drafts[d.name] = {"path": d.path, "resolved_path": draft_paths[d.name], "alpha": _acceptance(pooled)["alpha"], "tasks": tasks, "sweep": sweep}
 
     return {
         "target": settings.target,
@@ -636,8 +675,7 @@ def add_predictions(entry: dict[str, Any], costs: Costs, settings: Settings) -> 
     for point in entry["sweep"]:
         point["predicted_speedup"] = predicted_speedup(entry["alpha"], point["k"], costs.c, costs.v[point["k"]])
         point["predicted_speedup_own_alpha"] = predicted_speedup(point["alpha"], point["k"], costs.c, costs.v[point["k"]])
-    entry["predicted_curve"] = [{"k": k, "predicted_speedup": predicted_speedup(entry["alpha"], k, costs.c, costs.v[k])}
-                                for k in sorted(costs.v)]
+    entry["predicted_curve"] = [{"k": k, "predicted_speedup": predicted_speedup(entry["alpha"], k, costs.c, costs.v[k])} for k in sorted(costs.v)]
     entry["best_k"] = best_k(entry["alpha"], costs, k_max=max(costs.v))
 
 
@@ -649,11 +687,26 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for name in tasks:
         get_task(name)
     return Settings(
-        target=args.target, drafts=parse_drafts(args.draft), tasks=tasks, data_files=parse_data_files(args.data_file, tasks),
-        num_samples=args.num_samples, seed=args.seed, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
-        ks=parse_ints(args.ks, "--ks") if args.ks else [], sweep_samples=args.sweep_samples, schedule=args.schedule,
-        temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size, dtype=args.dtype, device=default_device(args.device),
-        num_fewshot=args.num_fewshot, max_article_words=args.max_article_words, cost_repeats=args.cost_repeats, draft_alone=args.draft_alone,
+        target=args.target,
+        drafts=parse_drafts(args.draft),
+        tasks=tasks,
+        data_files=parse_data_files(args.data_file, tasks),
+        num_samples=args.num_samples,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.num_draft_tokens,
+        ks=parse_ints(args.ks, "--ks") if args.ks else [],
+        sweep_samples=args.sweep_samples,
+        schedule=args.schedule,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        device=default_device(args.device),
+        num_fewshot=args.num_fewshot,
+        max_article_words=args.max_article_words,
+        cost_repeats=args.cost_repeats,
+        draft_alone=args.draft_alone,
         output_dir=args.output_dir,
     )
 
@@ -668,11 +721,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"distill accept: error: {err}", file=sys.stderr)
         return 2
     print(Path(args.output_dir, "report.md").read_text())
-    broken = [f"{name}/{task} ({row['greedy_identity']:.1%})" for name, d in report["drafts"].items()
-              for task, row in d["tasks"].items() if row["greedy_identity"] not in (None, 1.0)]
+    broken = [
+        f"{name}/{task} ({row['greedy_identity']:.1%})"
+        for name, d in report["drafts"].items()
+        for task, row in d["tasks"].items()
+        if row["greedy_identity"] not in (None, 1.0)
+    ]
     if broken and args.dtype == "float32":
-        print(f"distill accept: greedy speculative output differs from target-only output in float32: {', '.join(broken)}; "
-              "see differing_examples in report.json", file=sys.stderr)
+        print(
+            f"distill accept: greedy speculative output differs from target-only output in float32: {', '.join(broken)}; see differing_examples in report.json",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -81,8 +81,13 @@ def speedup_plot(report: dict[str, Any]) -> bytes:
         ax.plot(ks, [p["measured_speedup"] for p in entry["sweep"]], marker="o", color=colour, label=f"{_short(name)}: measured")
         curve = entry.get("predicted_curve") or []
         if curve:
-            ax.plot([p["k"] for p in curve], [p["predicted_speedup"] for p in curve], linestyle="--", color=colour,
-                    label=f"{_short(name)}: predicted (α={entry['alpha']:.2f}, c={entry['costs']['c']:.2f})")
+            ax.plot(
+                [p["k"] for p in curve],
+                [p["predicted_speedup"] for p in curve],
+                linestyle="--",
+                color=colour,
+                label=f"{_short(name)}: predicted (α={entry['alpha']:.2f}, c={entry['costs']['c']:.2f})",
+            )
     ax.axhline(1.0, color="grey", linewidth=1, label="target only")
     ax.set_xlabel("draft tokens per round k")
     ax.set_ylabel("speedup over target-only decoding")
@@ -107,8 +112,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Target `{report['target']}`; {st['mode']} decoding"
         + (f" (temperature {st['temperature']}, top-p {st['top_p']})" if st["mode"] == "sampling" else "")
         + f", k = {st['num_draft_tokens']} ({st['schedule']}), batch size {st['batch_size']}, seed {st['seed']}.",
-        f"{env['device_name']} ({env['device']}), {env['dtype']}; torch {env['torch']}, transformers {env['transformers']}, "
-        f"distill {env['distill']}.",
+        f"{env['device_name']} ({env['device']}), {env['dtype']}; torch {env['torch']}, transformers {env['transformers']}, distill {env['distill']}.",
         "",
         f"`{env['command']}`",
         "",
@@ -120,8 +124,7 @@ def markdown(report: dict[str, Any]) -> str:
     for task, base in report["target_only"].items():
         lines += [
             "",
-            f"## {task} ({base['num_prompts']} prompts, {base['quality_metric']}, "
-            f"max {st['max_new_tokens_per_task'][task]} new tokens)",
+            f"## {task} ({base['num_prompts']} prompts, {base['quality_metric']}, max {st['max_new_tokens_per_task'][task]} new tokens)",
             "",
             "| system | quality | greedy identity | acceptance | mean accepted length | tokens / target forward "
             "| per position | TTFT ms | TPOT ms | tokens/s | speedup | predicted | draft alone |",
@@ -139,8 +142,10 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_f(r.get('predicted_speedup'), '.2f')}× | {_f(r.get('draft_alone_quality'), '.3f')} |"
             )
             for m in r.get("mismatches") or []:
-                lines.append(f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
-                             f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||")
+                lines.append(
+                    f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
+                    f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||"
+                )
     lines += ["", "## Speedup vs k (all tasks pooled)", ""]
     k0 = st["num_draft_tokens"]
     for name, entry in report["drafts"].items():

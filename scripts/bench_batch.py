@@ -38,12 +38,14 @@ def demo_pair(demo_dir: Path) -> tuple[Path, Path, Path]:
 def load_prompts(path: Path | None, tokenizer: PreTrainedTokenizerBase, n: int) -> list[list[int]]:
     """The first `n` rows' "prompt" fields of a JSONL file, each in the chat template."""
     if path is None or not path.exists():
-        raise SystemExit(f"no prompt file at {path}: pass --prompts FILE.jsonl (one {{\"prompt\": ...}} per line)")
+        raise SystemExit(f'no prompt file at {path}: pass --prompts FILE.jsonl (one {{"prompt": ...}} per line)')
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:n]
     if len(rows) < n or any("prompt" not in r for r in rows):
-        raise SystemExit(f"{path} needs {n} rows with a \"prompt\" field (has {len(rows)}): lower --num-prompts or fix the file")
-    return [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=True)["input_ids"] for r in rows]
+        raise SystemExit(f'{path} needs {n} rows with a "prompt" field (has {len(rows)}): lower --num-prompts or fix the file')
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        for r in rows
+    ]
 
 
 def left_pad(prompts: list[list[int]], pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +63,21 @@ def trim(row: list[int], eos: set[int]) -> list[int]:
     return row
 
 
-def bench(target, draft, tokenizer, prompts: list[list[int]], batch_sizes: list[int], k: int, max_new_tokens: int,
-          modes: list[str], backend: str, temperature: float, repeats: int, device: str, seed: int = 0) -> list[dict]:
+def bench(
+    target,
+    draft,
+    tokenizer,
+    prompts: list[list[int]],
+    batch_sizes: list[int],
+    k: int,
+    max_new_tokens: int,
+    modes: list[str],
+    backend: str,
+    temperature: float,
+    repeats: int,
+    device: str,
+    seed: int = 0,
+) -> list[dict]:
     """One row per (batch size, mode): sums over the prompt set (split into batches) and repeats;
     target-only `generate` and the decoder alternate batch by batch, who goes first alternating."""
     decoder = SpeculativeDecoder(target, draft, num_draft_tokens=k, tokenizer=tokenizer, draft_tokenizer=tokenizer, backend=backend)
@@ -80,9 +95,10 @@ def bench(target, draft, tokenizer, prompts: list[list[int]], batch_sizes: list[
             if len(prompts) % b:
                 raise SystemExit(f"--num-prompts {len(prompts)} is not a multiple of batch size {b}")
 
-            def ours(ids, mask, seed_=None):
-                return decoder.generate(ids, mask, max_new_tokens=max_new_tokens, do_sample=sampled, temperature=temperature,
-                                        eos_token_id=eos_id, pad_token_id=pad, seed=seed_)
+            def ours(ids, mask, seed_=None, sampled=sampled):
+                return decoder.generate(
+                    ids, mask, max_new_tokens=max_new_tokens, do_sample=sampled, temperature=temperature, eos_token_id=eos_id, pad_token_id=pad, seed=seed_
+                )
 
             ids, mask = batches[0]
             target.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)  # warm-up (and, compiled, the compile)
@@ -92,7 +108,7 @@ def bench(target, draft, tokenizer, prompts: list[list[int]], batch_sizes: list[
             ttft, tpot = [], []
             for rep in range(repeats):
                 for j, (ids, mask) in enumerate(batches):
-                    for first in ((True, False) if (rep + j) % 2 == 0 else (False, True)):
+                    for first in (True, False) if (rep + j) % 2 == 0 else (False, True):
                         sync()
                         start = time.perf_counter()
                         if first:
@@ -114,13 +130,22 @@ def bench(target, draft, tokenizer, prompts: list[list[int]], batch_sizes: list[
                     accepted, proposed = accepted + s.accepted, proposed + s.proposed
                     ttft.append(s.ttft_s)
                     tpot.append(s.tpot_s)
-            rows.append({
-                "mode": mode, "batch": b, "tokens_per_row_per_forward": new_tokens / forwards,
-                "acceptance_rate": accepted / max(1, proposed), "target_only_s": base_s, "speculative_s": spec_s,
-                "speedup": base_s / spec_s, "tokens_per_s": new_tokens / spec_s, "target_only_tokens_per_s": base_tokens / base_s,
-                "ttft_ms": statistics.median(ttft) * 1e3, "tpot_ms": statistics.median(tpot) * 1e3,
-                "greedy_identity": f"{same}/{len(prompts) * repeats}" if not sampled else "-",
-            })
+            rows.append(
+                {
+                    "mode": mode,
+                    "batch": b,
+                    "tokens_per_row_per_forward": new_tokens / forwards,
+                    "acceptance_rate": accepted / max(1, proposed),
+                    "target_only_s": base_s,
+                    "speculative_s": spec_s,
+                    "speedup": base_s / spec_s,
+                    "tokens_per_s": new_tokens / spec_s,
+                    "target_only_tokens_per_s": base_tokens / base_s,
+                    "ttft_ms": statistics.median(ttft) * 1e3,
+                    "tpot_ms": statistics.median(tpot) * 1e3,
+                    "greedy_identity": f"{same}/{len(prompts) * repeats}" if not sampled else "-",
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -130,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-dir", default="demo-output", help="a `distill demo` output folder (run there if it has no models)")
     ap.add_argument("--target", help="Hub id or path (default: the demo's target)")
     ap.add_argument("--draft", help="Hub id or path (default: the demo's KL-distilled draft)")
-    ap.add_argument("--prompts", help="JSONL with a \"prompt\" field per row (default: the demo's held-out eval.jsonl)")
+    ap.add_argument("--prompts", help='JSONL with a "prompt" field per row (default: the demo\'s held-out eval.jsonl)')
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--num-draft-tokens", "-k", type=int, default=4)
@@ -156,36 +181,73 @@ def main(argv: list[str] | None = None) -> int:
     draft = load_model(draft_path, dtype=dtype, device=args.device)
     prompts = load_prompts(prompt_path, tokenizer, args.num_prompts)
     load = MachineLoad().start()
-    rows = bench(target, draft, tokenizer, prompts, args.batch_sizes, args.num_draft_tokens, args.max_new_tokens,
-                 args.modes, args.backend, args.temperature, args.repeats, args.device)
+    rows = bench(
+        target,
+        draft,
+        tokenizer,
+        prompts,
+        args.batch_sizes,
+        args.num_draft_tokens,
+        args.max_new_tokens,
+        args.modes,
+        args.backend,
+        args.temperature,
+        args.repeats,
+        args.device,
+    )
     load.stop()
 
     table = markdown_table(
-        ["mode", "batch", "tokens / row / target forward", "acceptance", "wall speedup vs target-only", "tokens/s (ours)",
-         "tokens/s (target-only)", "TTFT ms (median)", "TPOT ms (median)", "greedy identity (rows)"],
-        [[r["mode"], r["batch"], r["tokens_per_row_per_forward"], r["acceptance_rate"], f"{r['speedup']:.2f}×",
-          f"{r['tokens_per_s']:.0f}", f"{r['target_only_tokens_per_s']:.0f}", r["ttft_ms"], r["tpot_ms"], r["greedy_identity"]]
-         for r in rows])
+        [
+            "mode",
+            "batch",
+            "tokens / row / target forward",
+            "acceptance",
+            "wall speedup vs target-only",
+            "tokens/s (ours)",
+            "tokens/s (target-only)",
+            "TTFT ms (median)",
+            "TPOT ms (median)",
+            "greedy identity (rows)",
+        ],
+        [
+            [
+                r["mode"],
+                r["batch"],
+                r["tokens_per_row_per_forward"],
+                r["acceptance_rate"],
+                f"{r['speedup']:.2f}×",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['target_only_tokens_per_s']:.0f}",
+                r["ttft_ms"],
+                r["tpot_ms"],
+                r["greedy_identity"],
+            ]
+            for r in rows
+        ],
+    )
     command = "python scripts/bench_batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = "\n".join([
-        "## Decoder: batched speculative decoding, every row at its own accepted length",
-        "",
-        "```",
-        command.strip(),
-        "```",
-        "",
-        table,
-        "",
-        f"Target {target_path}, draft {draft_path}; k = {args.num_draft_tokens}, {args.num_prompts} held-out prompts "
-        f"(chat template, left-padded batches), {args.max_new_tokens} new tokens, {args.repeats} passes, backend {args.backend}, "
-        f"{args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads. Target-only = "
-        "`target.generate` on the same left-padded batches, interleaved batch by batch (who goes first alternates); "
-        f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
-        "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
-        "target-only `generate`'s, up to EOS.",
-        "",
-        describe(load.report()),
-    ])
+    md = "\n".join(
+        [
+            "## Decoder: batched speculative decoding, every row at its own accepted length",
+            "",
+            "```",
+            command.strip(),
+            "```",
+            "",
+            table,
+            "",
+            f"Target {target_path}, draft {draft_path}; k = {args.num_draft_tokens}, {args.num_prompts} held-out prompts "
+            f"(chat template, left-padded batches), {args.max_new_tokens} new tokens, {args.repeats} passes, backend {args.backend}, "
+            f"{args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads. Target-only = "
+            "`target.generate` on the same left-padded batches, interleaved batch by batch (who goes first alternates); "
+            f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
+            "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
+            "target-only `generate`'s, up to EOS.",
+            "",
+            describe(load.report()),
+        ]
+    )
     print(md)
     warn(load.report(), "bench_batch")
     if args.output:

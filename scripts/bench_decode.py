@@ -27,8 +27,11 @@ from distill.tiny import make_examples, random_pair
 
 def default_pair(seed: int = 0):
     """A ~40M-parameter target and a ~1M draft (random weights, untied heads) and their tokenizer."""
-    return random_pair({"hidden_size": 640, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 2048},
-                       {"hidden_size": 160, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 480}, seed)
+    return random_pair(
+        {"hidden_size": 640, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 2048},
+        {"hidden_size": 160, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 480},
+        seed,
+    )
 
 
 class ForwardTimer:
@@ -39,8 +42,10 @@ class ForwardTimer:
         self.attach()
 
     def attach(self) -> None:
-        self._handles = [self.model.register_forward_pre_hook(lambda *_: setattr(self, "_t", time.perf_counter())),
-                         self.model.register_forward_hook(lambda *_: self._done())]
+        self._handles = [
+            self.model.register_forward_pre_hook(lambda *_: setattr(self, "_t", time.perf_counter())),
+            self.model.register_forward_hook(lambda *_: self._done()),
+        ]
 
     def detach(self) -> None:
         """No hooks while a compiled graph runs the model (dynamo would trace the clock into it)."""
@@ -96,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         questions = [ex["prompt"] for ex in make_examples(args.num_prompts, seed=1234)]
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"].to(args.device)
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"].to(
+            args.device
+        )
         for q in questions
     ]
     timers = {"target": ForwardTimer(target), "draft": ForwardTimer(draft)}
@@ -114,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         "target-only generate": lambda ids: (target.generate(ids, **gen_kwargs), None),
         "transformers assistant_model": lambda ids: (target.generate(ids, assistant_model=draft, **gen_kwargs), None),
         "distill SpeculativeDecoder (eager)": lambda ids: (lambda o: (o.sequences, o.stats))(
-            decoder.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=pad)),
-        "distill SpeculativeDecoder (compiled draft)": lambda ids: (lambda o: (o.sequences, o.stats))(
-            run_compiled(ids)),
+            decoder.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        ),
+        "distill SpeculativeDecoder (compiled draft)": lambda ids: (lambda o: (o.sequences, o.stats))(run_compiled(ids)),
     }
     if args.skip_compiled:
         del methods["distill SpeculativeDecoder (compiled draft)"]
@@ -158,33 +165,52 @@ def main(argv: list[str] | None = None) -> int:
 
     load.stop()
     total = {n: sum(walls[n]) for n in names}
-    rows = [[n, f"{total[n]:.2f}", f"{statistics.median(walls[n]) * 1e3:.1f}", f"{tokens[n] / total[n]:.1f}",
-             f"{tokens[n] / forwards[n]:.2f}", f"{statistics.median(overhead[n]) * 1e3:.2f}" if n != names[0] else "-",
-             f"{total[names[0]] / total[n]:.2f}"] for n in names]
+    rows = [
+        [
+            n,
+            f"{total[n]:.2f}",
+            f"{statistics.median(walls[n]) * 1e3:.1f}",
+            f"{tokens[n] / total[n]:.1f}",
+            f"{tokens[n] / forwards[n]:.2f}",
+            f"{statistics.median(overhead[n]) * 1e3:.2f}" if n != names[0] else "-",
+            f"{total[names[0]] / total[n]:.2f}",
+        ]
+        for n in names
+    ]
     theirs = total[names[1]]
     n_params = lambda m: sum(p.numel() for p in m.parameters()) / 1e6  # noqa: E731
     command = "python scripts/bench_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = "\n".join([
-        f"## Decoder: distill vs transformers assisted generation (k = {k})",
-        "",
-        f"`{command.strip()}` — target {args.target or 'tiny Qwen2 (random weights)'} ({n_params(target):.1f}M params), "
-        f"draft {args.draft or 'tiny Qwen2 (random weights)'} ({n_params(draft):.2f}M), {args.device}, {args.dtype}, "
-        f"{len(prompts)} prompts × {args.repeats} passes, {args.max_new_tokens} new tokens, greedy, interleaved. "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads.",
-        "",
-        markdown_table(["method", "total s", "median ms / prompt", "tokens/s", "tokens / target forward",
-                        "loop overhead ms / round", "speedup vs target-only"], rows),
-        "",
-        f"- distill wall time / transformers assisted wall time: eager loop **{total[names[2]] / theirs:.2f}×**"
-        + (f", compiled draft **{total[names[3]] / theirs:.2f}×**" if len(names) > 3 else "") + " (target ≤ 0.8×); median prompt "
-        + " and ".join(f"{statistics.median(walls[n]) / statistics.median(walls[names[1]]):.2f}×" for n in names[2:]),
-        *([f"- the compiled draft's one-off torch.compile for k = {k} (in the warm-up, not in the table): "
-           f"{warmup_s[names[3]] - warmup_s[names[2]]:.0f} s"] if len(names) > 3 else []),
-        f"- acceptance rate (distill stats): {accepted / max(1, proposed):.3f}; outputs identical across all methods: {'yes' if identical else 'NO'}",
-        "- loop overhead = wall time minus time inside the two models' forward calls, per target forward after the prefill; "
-        "the compiled draft's forwards run inside its graph, out of the hooks' sight, so its figure includes them.",
-        f"- {describe(load.report())}",
-    ])
+    md = "\n".join(
+        [
+            f"## Decoder: distill vs transformers assisted generation (k = {k})",
+            "",
+            f"`{command.strip()}` — target {args.target or 'tiny Qwen2 (random weights)'} ({n_params(target):.1f}M params), "
+            f"draft {args.draft or 'tiny Qwen2 (random weights)'} ({n_params(draft):.2f}M), {args.device}, {args.dtype}, "
+            f"{len(prompts)} prompts × {args.repeats} passes, {args.max_new_tokens} new tokens, greedy, interleaved. "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads.",
+            "",
+            markdown_table(
+                ["method", "total s", "median ms / prompt", "tokens/s", "tokens / target forward", "loop overhead ms / round", "speedup vs target-only"], rows
+            ),
+            "",
+            f"- distill wall time / transformers assisted wall time: eager loop **{total[names[2]] / theirs:.2f}×**"
+            + (f", compiled draft **{total[names[3]] / theirs:.2f}×**" if len(names) > 3 else "")
+            + " (target ≤ 0.8×); median prompt "
+            + " and ".join(f"{statistics.median(walls[n]) / statistics.median(walls[names[1]]):.2f}×" for n in names[2:]),
+            *(
+                [
+                    f"- the compiled draft's one-off torch.compile for k = {k} (in the warm-up, not in the table): "
+                    f"{warmup_s[names[3]] - warmup_s[names[2]]:.0f} s"
+                ]
+                if len(names) > 3
+                else []
+            ),
+            f"- acceptance rate (distill stats): {accepted / max(1, proposed):.3f}; outputs identical across all methods: {'yes' if identical else 'NO'}",
+            "- loop overhead = wall time minus time inside the two models' forward calls, per target forward after the prefill; "
+            "the compiled draft's forwards run inside its graph, out of the hooks' sight, so its figure includes them.",
+            f"- {describe(load.report())}",
+        ]
+    )
     print(md)
     warn(load.report(), "bench_decode")
     if args.output:

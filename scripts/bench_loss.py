@@ -66,8 +66,7 @@ def _child(args: argparse.Namespace) -> dict:
         k, stride = args.top_k, args.vocab // args.top_k
         ids = torch.arange(k) * stride + torch.randint(0, stride, (1, args.tokens, k), generator=gen)
         probs = torch.randn(1, args.tokens, k, generator=gen).mul_(2).softmax(-1).sort(-1, descending=True)
-        teacher = {"teacher_topk_ids": ids.gather(-1, probs.indices).to(device),
-                   "teacher_topk_logprobs": (probs.values * 0.9).log().to(device)}
+        teacher = {"teacher_topk_ids": ids.gather(-1, probs.indices).to(device), "teacher_topk_logprobs": (probs.values * 0.9).log().to(device)}
     cuda = device.type == "cuda"
 
     def step() -> float:
@@ -141,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
             f"({extra / max(base_extra, 1):.0%} above inputs) | {t:.2f} | {t / base_time:.2f}x | {r['loss']:.6f} |"
         )
     print("\nTarget: fused peak <= 25% of the unchunked peak, at <= 1.3x its time.")
-    print("times (s): " + "; ".join(f"{v}: {', '.join(f'{t:.2f}' for t in results[v]['times'])} (median {statistics.median(results[v]['times']):.2f})" for v in variants))
+    print(
+        "times (s): "
+        + "; ".join(f"{v}: {', '.join(f'{t:.2f}' for t in results[v]['times'])} (median {statistics.median(results[v]['times']):.2f})" for v in variants)
+    )
 
 
 if __name__ == "__main__":

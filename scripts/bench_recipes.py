@@ -55,21 +55,33 @@ DIVERGENCES = {
     "JSD β = 0.5": {"divergence": "jsd", "beta": 0.5},
     "TVD": {"divergence": "tvd"},
 }
-HEADER = ["recipe", "steps", "greedy acceptance", "× CE", "tokens / target forward", "sampled acceptance (T = 0.7)",
-          "sampled tokens / forward", "held-out 1 − TVD", "train wall s", "train CPU s", "Δ acceptance vs CE per 100 CPU s"]
+HEADER = [
+    "recipe",
+    "steps",
+    "greedy acceptance",
+    "× CE",
+    "tokens / target forward",
+    "sampled acceptance (T = 0.7)",
+    "sampled tokens / forward",
+    "held-out 1 − TVD",
+    "train wall s",
+    "train CPU s",
+    "Δ acceptance vs CE per 100 CPU s",
+]
 
 
-def recipe_grid(base: dict[str, Any], work: Path, steps: int, generation_max_new_tokens: int,
-                on_policy_max_new_tokens: int) -> dict[str, dict[str, Any]]:
+def recipe_grid(base: dict[str, Any], work: Path, steps: int, generation_max_new_tokens: int, on_policy_max_new_tokens: int) -> dict[str, dict[str, Any]]:
     """The CE baseline and every source × divergence recipe from `base`: own output_dir under
     `work`, the same seed, steps and draft init; training evaluates nothing (measured afterwards)."""
+
     def one(slug: str, loss: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
         recipe = copy.deepcopy(base)
         recipe["output_dir"] = str(work / slug)
         recipe["data"] = {**recipe["data"], "eval_split": None, **source.get("data", {})}
         if recipe["data"].get("response_source") == "target":
-            recipe["data"].update(generation_cache=str(work / "target-responses.jsonl"),
-                                  generation_max_new_tokens=generation_max_new_tokens, generation_batch_size=32)
+            recipe["data"].update(
+                generation_cache=str(work / "target-responses.jsonl"), generation_max_new_tokens=generation_max_new_tokens, generation_batch_size=32
+            )
         recipe["loss"] = {**recipe.get("loss", {}), "max_new_tokens_on_policy": on_policy_max_new_tokens, **loss, **source.get("loss", {})}
         recipe["training"] = {**recipe["training"], "max_steps": steps, "eval_steps": None, "save_steps": 10 * steps}
         return recipe
@@ -92,8 +104,15 @@ def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenize
         return json.loads(timing.read_text())["seconds"]
     examples = load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, recipe["seed"], subset=spec.subset)
     started = time.perf_counter()
-    generate_responses(target, tokenizer, examples, spec.generation_max_new_tokens, spec.generation_cache,
-                       batch_size=spec.generation_batch_size, max_prompt_length=spec.max_prompt_length)
+    generate_responses(
+        target,
+        tokenizer,
+        examples,
+        spec.generation_max_new_tokens,
+        spec.generation_cache,
+        batch_size=spec.generation_batch_size,
+        max_prompt_length=spec.max_prompt_length,
+    )
     seconds = time.perf_counter() - started
     timing.write_text(json.dumps({"seconds": seconds, "prompts": len(examples)}))
     return seconds
@@ -105,30 +124,46 @@ def held_out_tvd(recipe: dict[str, Any], draft_dir: Path, eval_split: str, eval_
     for every recipe, so target-source drafts are not scored on their own kind of text."""
     recipe = copy.deepcopy(recipe)
     recipe["draft"] = {"name_or_path": str(draft_dir), "dtype": "float32"}
-    recipe["data"] = {**recipe["data"], "response_source": "dataset", "num_samples": 16, "eval_split": eval_split,
-                      "eval_samples": eval_samples}
+    recipe["data"] = {**recipe["data"], "response_source": "dataset", "num_samples": 16, "eval_split": eval_split, "eval_samples": eval_samples}
     recipe["loss"]["lmbda"] = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         recipe["output_dir"] = tmp
         return build_trainer(load_recipe(recipe)).evaluate()["eval_expected_acceptance"]
 
 
-def sampled(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[torch.Tensor],
-            k: int, max_new_tokens: int, temperature: float, seed: int) -> dict[str, float]:
+def sampled(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[torch.Tensor],
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
     """Acceptance and tokens per target forward under lossless rejection sampling at `temperature`
     (prompt i sampled with seed + i, so every draft meets the same random stream)."""
     decoder = SpeculativeDecoder(target, draft, num_draft_tokens=k, tokenizer=tokenizer)
-    stats = [decoder.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, seed=seed + i,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).stats
-             for i, ids in enumerate(prompts)]
+    stats = [
+        decoder.generate(
+            ids,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            seed=seed + i,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ).stats
+        for i, ids in enumerate(prompts)
+    ]
     proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
     new_tokens, forwards = sum(s.new_tokens for s in stats), sum(s.sequence_forwards for s in stats)
-    return {"acceptance_rate": accepted / proposed if proposed else 0.0,
-            "tokens_per_target_forward": new_tokens / forwards if forwards else 0.0}
+    return {"acceptance_rate": accepted / proposed if proposed else 0.0, "tokens_per_target_forward": new_tokens / forwards if forwards else 0.0}
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's rank correlation (ties get their mean rank): Pearson's r of the ranks."""
+
     def ranks(v: Sequence[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])
         r = [0.0] * len(v)
@@ -156,8 +191,14 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def run_recipe(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[torch.Tensor],
-               args: argparse.Namespace, generation_s: float) -> dict[str, Any]:
+def run_recipe(
+    recipe: dict[str, Any],
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[torch.Tensor],
+    args: argparse.Namespace,
+    generation_s: float,
+) -> dict[str, Any]:
     """Train one draft from scratch (its output_dir is replaced) and measure it greedy and sampled."""
     out = Path(recipe["output_dir"])
     shutil.rmtree(out, ignore_errors=True)
@@ -168,11 +209,18 @@ def run_recipe(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTr
     greedy = measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens)
     sample = sampled(target, draft, tokenizer, prompts, args.k, args.max_new_tokens, args.temperature, args.seed)
     test_file = str(Path(args.gsm8k_dir).resolve() / "test.jsonl")
-    return {"steps": recipe["training"]["max_steps"], "acceptance_rate": greedy["acceptance_rate"],
-            "tokens_per_target_forward": greedy["tokens_per_target_forward"], "greedy_identity": greedy["greedy_identity"],
-            "sampled_acceptance_rate": sample["acceptance_rate"], "sampled_tokens_per_target_forward": sample["tokens_per_target_forward"],
-            "held_out_expected_acceptance": held_out_tvd(recipe, out / "draft", test_file, args.eval_samples),
-            "train_wall_s": wall + generation_s, "train_cpu_s": cpu + generation_s, "generation_s": generation_s}
+    return {
+        "steps": recipe["training"]["max_steps"],
+        "acceptance_rate": greedy["acceptance_rate"],
+        "tokens_per_target_forward": greedy["tokens_per_target_forward"],
+        "greedy_identity": greedy["greedy_identity"],
+        "sampled_acceptance_rate": sample["acceptance_rate"],
+        "sampled_tokens_per_target_forward": sample["tokens_per_target_forward"],
+        "held_out_expected_acceptance": held_out_tvd(recipe, out / "draft", test_file, args.eval_samples),
+        "train_wall_s": wall + generation_s,
+        "train_cpu_s": cpu + generation_s,
+        "generation_s": generation_s,
+    }
 
 
 def rows_for(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
@@ -182,9 +230,21 @@ def rows_for(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
     for name, r in sorted(results.items(), key=lambda kv: -kv[1]["acceptance_rate"]):
         ratio = f"{r['acceptance_rate'] / ce['acceptance_rate']:.2f}×" if ce else "-"
         gain = f"{100 * (r['acceptance_rate'] - ce['acceptance_rate']) / r['train_cpu_s']:+.4f}" if ce and name != CE else "-"
-        table.append([name, r["steps"], r["acceptance_rate"], ratio, r["tokens_per_target_forward"], r["sampled_acceptance_rate"],
-                      r["sampled_tokens_per_target_forward"], r["held_out_expected_acceptance"], f"{r['train_wall_s']:.0f}",
-                      f"{r['train_cpu_s']:.0f}", gain])
+        table.append(
+            [
+                name,
+                r["steps"],
+                r["acceptance_rate"],
+                ratio,
+                r["tokens_per_target_forward"],
+                r["sampled_acceptance_rate"],
+                r["sampled_tokens_per_target_forward"],
+                r["held_out_expected_acceptance"],
+                f"{r['train_wall_s']:.0f}",
+                f"{r['train_cpu_s']:.0f}",
+                gain,
+            ]
+        )
     return table
 
 
@@ -205,8 +265,11 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
             continue
         div, source = name.split(" · ")
         ax.scatter(r["train_cpu_s"], r["acceptance_rate"], marker=markers[source], s=60, color=colours[div], label=name, zorder=3)
-    ax.set(xlabel="training CPU seconds (target generations included)", ylabel="greedy acceptance rate, k = 4",
-           title="Acceptance vs training cost per recipe (GSM8K tiny pair)")
+    ax.set(
+        xlabel="training CPU seconds (target generations included)",
+        ylabel="greedy acceptance rate, k = 4",
+        title="Acceptance vs training cost per recipe (GSM8K tiny pair)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,8 +284,16 @@ def command_line(argv: Sequence[str] | None) -> str:
     return "OMP_NUM_THREADS=1 python scripts/bench_recipes.py " + " ".join(shlex.quote(a) for a in args)
 
 
-def notes(results: dict[str, dict[str, Any]], args: argparse.Namespace, target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-          n_rows: int, n_prompts: int, plot_path: Path, missing: Sequence[str]) -> str:
+def notes(
+    results: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    n_rows: int,
+    n_prompts: int,
+    plot_path: Path,
+    missing: Sequence[str],
+) -> str:
     """What was measured and how, the proxy's rank correlation and the best recipe against CE."""
     names = list(results)
     rho_greedy = spearman([results[n]["held_out_expected_acceptance"] for n in names], [results[n]["acceptance_rate"] for n in names])
@@ -302,14 +373,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if recipe["data"].get("response_source") == "target" and generation_s is None:
             generation_s = target_generations(recipe, target, tokenizer)
         print(f"--- {name}", flush=True)
-        results[name] = run_recipe(recipe, target, tokenizer, prompts, args,
-                                   generation_s if recipe["data"].get("response_source") == "target" else 0.0)
+        results[name] = run_recipe(recipe, target, tokenizer, prompts, args, generation_s if recipe["data"].get("response_source") == "target" else 0.0)
         _write_json(results_path, {"settings": json.loads(json.dumps(settings, default=str)), "results": results})
     plot_path = plot(results, args.plot)
     table = markdown_table(HEADER, rows_for(results))
-    report("bench_recipes", "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)",
-           command_line(argv), table, notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path,
-                                            [n for n in grid if n not in results]), args.docs)
+    report(
+        "bench_recipes",
+        "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)",
+        command_line(argv),
+        table,
+        notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path, [n for n in grid if n not in results]),
+        args.docs,
+    )
     print(f"({time.perf_counter() - started:.0f} s)")
     return 0
 

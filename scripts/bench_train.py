@@ -47,8 +47,7 @@ OBJECTIVES = {
     "cross-entropy only": {"divergence_weight": 0.0, "ce_weight": 1.0},
     "KL-distilled (forward KL)": {"divergence": "forward_kl", "divergence_weight": 1.0, "ce_weight": 0.0},
 }
-HEADER = ["draft", "steps", "acceptance rate", "tokens / target forward", "greedy identity",
-          "held-out 1 − TVD", "train tokens/s", "train s"]
+HEADER = ["draft", "steps", "acceptance rate", "tokens / target forward", "greedy identity", "held-out 1 − TVD", "train tokens/s", "train s"]
 
 LOAD = MachineLoad().start()  # what else ran while this benchmark ran, from its start
 
@@ -65,8 +64,7 @@ class TokensSeen(TrainerCallback):
 
 def chat_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str]) -> list[torch.Tensor]:
     """Each question as a one-turn chat with the generation prompt, as [1, T] input ids."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          return_tensors="pt")["input_ids"] for q in questions]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt")["input_ids"] for q in questions]
 
 
 def read_jsonl(path: Path, n: int | None = None) -> list[dict[str, Any]]:
@@ -100,8 +98,9 @@ def objective_recipes(base: dict[str, Any], work: Path, steps: int) -> dict[str,
     return recipes
 
 
-def train_and_measure(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                      prompts: list[torch.Tensor], k: int, max_new_tokens: int) -> dict[str, Any]:
+def train_and_measure(
+    recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[torch.Tensor], k: int, max_new_tokens: int
+) -> dict[str, Any]:
     """Train one draft from scratch (its output_dir is replaced) and measure it under the decoder."""
     out = Path(recipe["output_dir"])
     if out.exists():
@@ -119,8 +118,16 @@ def train_and_measure(recipe: dict[str, Any], target: torch.nn.Module, tokenizer
 
 def row(name: str, r: dict[str, Any]) -> list[Any]:
     """One table row in HEADER's order."""
-    return [name, r["steps"], r["acceptance_rate"], r["tokens_per_target_forward"], f"{r['greedy_identity']:.0%}",
-            r["eval_expected_acceptance"], f"{r['train_tokens_per_s']:.0f}", f"{r['train_s']:.0f}"]
+    return [
+        name,
+        r["steps"],
+        r["acceptance_rate"],
+        r["tokens_per_target_forward"],
+        f"{r['greedy_identity']:.0%}",
+        r["eval_expected_acceptance"],
+        f"{r['train_tokens_per_s']:.0f}",
+        f"{r['train_s']:.0f}",
+    ]
 
 
 def command_line(argv: Sequence[str] | None) -> str:
@@ -142,8 +149,7 @@ def report(section: str, title: str, cmd: str, table: str, notes: str, docs: Pat
 
 def pair_sizes(tokenizer: PreTrainedTokenizerBase, target: torch.nn.Module, recipe: dict[str, Any]) -> str:
     """The embedding sizes actually trained on, as measured (not as the recipe comment assumes)."""
-    return (f"tokenizer {len(tokenizer)} tokens, target {target.config.vocab_size} embedding rows, "
-            f"draft {recipe['draft']['config']['vocab_size']} rows")
+    return f"tokenizer {len(tokenizer)} tokens, target {target.config.vocab_size} embedding rows, draft {recipe['draft']['config']['vocab_size']} rows"
 
 
 def _environment() -> str:
@@ -165,14 +171,18 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     tokenizer = load_tokenizer(work / "target")
     target = load_model(work / "target", dtype=torch.float32)
     prompts = chat_prompts(tokenizer, [r["prompt"] for r in read_jsonl(work / "eval.jsonl", args.prompts)])
-    results = {name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
-               for name, recipe in objective_recipes(base, work, args.steps).items()}
-    notes = (f"recipes/tiny-cpu.yaml ({pair_sizes(tokenizer, target, base)}), target prepared with "
-             f"{args.target_steps} CE steps; both drafts trained {args.steps} steps (the recipe says "
-             f"{load_recipe(TINY_RECIPE).training.max_steps}), seed 0, batch 16, lr 3e-3. Measured with "
-             f"distill.speculative, greedy, k = {args.k}, {len(prompts)} held-out prompts from eval.jsonl, "
-             f"{args.max_new_tokens} new tokens; greedy identity = share of prompts whose output equals "
-             f"target-only `generate`. {_environment()}.")
+    results = {
+        name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
+        for name, recipe in objective_recipes(base, work, args.steps).items()
+    }
+    notes = (
+        f"recipes/tiny-cpu.yaml ({pair_sizes(tokenizer, target, base)}), target prepared with "
+        f"{args.target_steps} CE steps; both drafts trained {args.steps} steps (the recipe says "
+        f"{load_recipe(TINY_RECIPE).training.max_steps}), seed 0, batch 16, lr 3e-3. Measured with "
+        f"distill.speculative, greedy, k = {args.k}, {len(prompts)} held-out prompts from eval.jsonl, "
+        f"{args.max_new_tokens} new tokens; greedy identity = share of prompts whose output equals "
+        f"target-only `generate`. {_environment()}."
+    )
     table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
     report("bench_train_tiny", "Training: KL distillation vs cross-entropy (tiny-cpu.yaml)", cmd, table, notes, args.docs)
     return results
@@ -196,16 +206,18 @@ def gsm8k_target(rows: list[dict[str, Any]], out: Path, settings: dict[str, Any]
     work.mkdir()
     texts = [t for r in rows for t in (r["question"], r["answer"])] + ["You are a helpful assistant.", "system user assistant"]
     tokenizer = saved_tokenizer(build_tokenizer(texts, vocab_size=settings["vocab_size"]), str(work))
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}],
-                                           tokenize=False) for r in rows]
+    chats = [
+        tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}], tokenize=False) for r in rows
+    ]
     model, loss = train_target(tokenizer, chats, settings, str(work / "trainer"))
     shutil.rmtree(work / "trainer", ignore_errors=True)
     model.save_pretrained(work)
     tokenizer.save_pretrained(work)
     shutil.rmtree(target_dir, ignore_errors=True)
     work.rename(target_dir)
-    info_path.write_text(json.dumps({"settings": settings, "final_train_loss": loss, "tokenizer_size": len(tokenizer),
-                                     "embedding_rows": model.config.vocab_size}, indent=2))
+    info_path.write_text(
+        json.dumps({"settings": settings, "final_train_loss": loss, "tokenizer_size": len(tokenizer), "embedding_rows": model.config.vocab_size}, indent=2)
+    )
     return target_dir
 
 
@@ -224,8 +236,15 @@ def gsm8k_pair(args: argparse.Namespace) -> tuple[torch.nn.Module, PreTrainedTok
     base = base_recipe()
     base["target"]["name_or_path"] = str(target_dir)
     base["draft"]["config"]["vocab_size"] = len(tokenizer) + 8
-    base["data"] = {"dataset": str(train_file), "adapter": "gsm8k", "num_samples": len(rows), "eval_split": str(test_file),
-                    "eval_samples": 64, "max_prompt_length": 192, "max_length": 384}
+    base["data"] = {
+        "dataset": str(train_file),
+        "adapter": "gsm8k",
+        "num_samples": len(rows),
+        "eval_split": str(test_file),
+        "eval_samples": 64,
+        "max_prompt_length": 192,
+        "max_length": 384,
+    }
     return target, tokenizer, base, rows
 
 
@@ -235,15 +254,19 @@ def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     target, tokenizer, base, rows = gsm8k_pair(args)
     work = Path(args.work).resolve()
     prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(data / "test.jsonl", args.prompts)])
-    results = {name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
-               for name, recipe in objective_recipes(base, work, args.steps).items()}
-    notes = (f"GSM8K text from {data.name}/ (never copied into the repo): tokenizer ({len(tokenizer)} tokens) built on the "
-             f"first {len(rows)} train rows; tiny target (hidden 128, 4 layers, {target.config.vocab_size} embedding rows) "
-             f"trained {args.target_steps} CE steps on them; drafts as tiny-cpu.yaml (hidden 64, 1 layer, "
-             f"{len(tokenizer) + 8} rows) trained {args.steps} steps on the same rows (gsm8k adapter, question → answer), "
-             f"seed 0, batch 16, lr 3e-3; held-out 1 − TVD on 64 test rows. Measured with distill.speculative, greedy, "
-             f"k = {args.k}, the first {len(prompts)} test.jsonl questions with the chat template, {args.max_new_tokens} "
-             f"new tokens. {_environment()}.")
+    results = {
+        name: train_and_measure(recipe, target, tokenizer, prompts, args.k, args.max_new_tokens)
+        for name, recipe in objective_recipes(base, work, args.steps).items()
+    }
+    notes = (
+        f"GSM8K text from {data.name}/ (never copied into the repo): tokenizer ({len(tokenizer)} tokens) built on the "
+        f"first {len(rows)} train rows; tiny target (hidden 128, 4 layers, {target.config.vocab_size} embedding rows) "
+        f"trained {args.target_steps} CE steps on them; drafts as tiny-cpu.yaml (hidden 64, 1 layer, "
+        f"{len(tokenizer) + 8} rows) trained {args.steps} steps on the same rows (gsm8k adapter, question → answer), "
+        f"seed 0, batch 16, lr 3e-3; held-out 1 − TVD on 64 test rows. Measured with distill.speculative, greedy, "
+        f"k = {args.k}, the first {len(prompts)} test.jsonl questions with the chat template, {args.max_new_tokens} "
+        f"new tokens. {_environment()}."
+    )
     table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
     report("bench_train_gsm8k", "Training: KL distillation vs cross-entropy (GSM8K text)", cmd, table, notes, args.docs)
     return results
@@ -259,8 +282,9 @@ def trl_dataset(rows: list[dict[str, Any]]):
     return Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows])
 
 
-def run_trl_trainer(target_dir: Path, draft_config: dict[str, Any], rows: list[dict[str, Any]], training: dict[str, Any],
-                    out: Path, seed: int, max_completion_length: int) -> dict[str, Any]:
+def run_trl_trainer(
+    target_dir: Path, draft_config: dict[str, Any], rows: list[dict[str, Any]], training: dict[str, Any], out: Path, seed: int, max_completion_length: int
+) -> dict[str, Any]:
     """trl.DistillationTrainer with its defaults except the shared steps/batch/lr, fp32 on CPU and
     the completion length; the draft's embedding matches the target's (TRL requires it)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, set_seed
@@ -275,18 +299,28 @@ def run_trl_trainer(target_dir: Path, draft_config: dict[str, Any], rows: list[d
     student = Qwen2ForCausalLM(config)
     cpu = not torch.cuda.is_available()
     args = DistillationConfig(
-        output_dir=str(out), seed=seed, max_steps=training["max_steps"],
-        per_device_train_batch_size=training["per_device_train_batch_size"], learning_rate=training["learning_rate"],
-        max_completion_length=max_completion_length, bf16=not cpu, use_cpu=cpu, save_strategy="no", report_to="none",
+        output_dir=str(out),
+        seed=seed,
+        max_steps=training["max_steps"],
+        per_device_train_batch_size=training["per_device_train_batch_size"],
+        learning_rate=training["learning_rate"],
+        max_completion_length=max_completion_length,
+        bf16=not cpu,
+        use_cpu=cpu,
+        save_strategy="no",
+        report_to="none",
     )
-    trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=trl_dataset(rows),
-                                  processing_class=tokenizer)
+    trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=trl_dataset(rows), processing_class=tokenizer)
     result = trainer.train()
     trainer.model.save_pretrained(out / "draft")
     tokenizer.save_pretrained(out / "draft")
-    return {"train_s": result.metrics["train_runtime"],
-            "train_tokens_per_s": trainer.state.num_input_tokens_seen / result.metrics["train_runtime"],
-            "beta": args.beta, "gradient_checkpointing": args.gradient_checkpointing, "lr_scheduler": str(args.lr_scheduler_type)}
+    return {
+        "train_s": result.metrics["train_runtime"],
+        "train_tokens_per_s": trainer.state.num_input_tokens_seen / result.metrics["train_runtime"],
+        "beta": args.beta,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "lr_scheduler": str(args.lr_scheduler_type),
+    }
 
 
 def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
@@ -308,28 +342,40 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     shutil.rmtree(trl_out, ignore_errors=True)
     error = None
     try:
-        trl_run = run_trl_trainer(work / "target", recipe["draft"]["config"], read_jsonl(work / "train.jsonl"),
-                                  recipe["training"], trl_out, recipe["seed"], args.trl_completion_length)
+        trl_run = run_trl_trainer(
+            work / "target",
+            recipe["draft"]["config"],
+            read_jsonl(work / "train.jsonl"),
+            recipe["training"],
+            trl_out,
+            recipe["seed"],
+            args.trl_completion_length,
+        )
         draft = load_model(trl_out / "draft", dtype=torch.float32)
-        trl_result = {**measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens), **trl_run,
-                      "steps": args.steps, "eval_expected_acceptance": float("nan")}
+        trl_result = {
+            **measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens),
+            **trl_run,
+            "steps": args.steps,
+            "eval_expected_acceptance": float("nan"),
+        }
         rows.append(row(f"trl.DistillationTrainer (defaults, β = {trl_run['beta']}, {target.config.vocab_size}-row draft)", trl_result))
     except Exception as exc:  # the benchmark records why TRL could not run on this pair
         error = f"{type(exc).__name__}: {exc}"
         trl_result = {"error": error}
     header = HEADER[:5] + ["held-out 1 − TVD (ours only)"] + HEADER[6:]
-    notes = (f"Same pair (tiny-cpu.yaml: {pair_sizes(tokenizer, target, recipe)}; draft hidden 64 × 1 layer), seed 0, "
-             f"{args.steps} steps, batch 16, lr 3e-3 (TRL's default lr is 1e-6), same train.jsonl prompts. TRL refuses embeddings of different sizes, "
-             f"so its draft is built with the target's {target.config.vocab_size} rows; everything else in its DistillationConfig is left at the defaults (on-policy "
-             f"student completions, generalized JSD β = 1 i.e. reverse KL, gradient checkpointing on, linear schedule) except "
-             f"bf16=False/use_cpu on CPU, save_strategy='no' and max_completion_length={args.trl_completion_length} "
-             f"(default 512; our max_length is 128). tokens/s = non-padding tokens trained on (TRL: prompt + generated "
-             f"completion, generation time included) / train_runtime. Both drafts measured with distill.speculative, "
-             f"greedy, k = {args.k}, {len(prompts)} eval.jsonl prompts, {args.max_new_tokens} new tokens. {_environment()}.")
+    notes = (
+        f"Same pair (tiny-cpu.yaml: {pair_sizes(tokenizer, target, recipe)}; draft hidden 64 × 1 layer), seed 0, "
+        f"{args.steps} steps, batch 16, lr 3e-3 (TRL's default lr is 1e-6), same train.jsonl prompts. TRL refuses embeddings of different sizes, "
+        f"so its draft is built with the target's {target.config.vocab_size} rows; everything else in its DistillationConfig is left at the defaults (on-policy "
+        f"student completions, generalized JSD β = 1 i.e. reverse KL, gradient checkpointing on, linear schedule) except "
+        f"bf16=False/use_cpu on CPU, save_strategy='no' and max_completion_length={args.trl_completion_length} "
+        f"(default 512; our max_length is 128). tokens/s = non-padding tokens trained on (TRL: prompt + generated "
+        f"completion, generation time included) / train_runtime. Both drafts measured with distill.speculative, "
+        f"greedy, k = {args.k}, {len(prompts)} eval.jsonl prompts, {args.max_new_tokens} new tokens. {_environment()}."
+    )
     if error:
         notes += f"\n\nTRL's DistillationTrainer could not run on this pair:\n\n```\n{error}\n```"
-    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd,
-           markdown_table(header, rows), notes, args.docs)
+    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd, markdown_table(header, rows), notes, args.docs)
     return {"ours": ours, "trl": trl_result}
 
 

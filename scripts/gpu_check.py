@@ -48,8 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--alphas", default="0.5,0.6,0.7,0.8,0.9", help="synthetic acceptance rates")
     ap.add_argument("--deadline-s", type=float, help="stop starting new work after this many seconds (default 420; smoke 90)")
     ap.add_argument("--json", help="write every figure here (default $OUT/gpu_check.json when $OUT is set)")
-    ap.add_argument("--markdown", help="Markdown file whose gpu_check section is rewritten (default docs/benchmarks.md; "
-                    "smoke: none)")
+    ap.add_argument("--markdown", help="Markdown file whose gpu_check section is rewritten (default docs/benchmarks.md; smoke: none)")
     args = ap.parse_args(argv)
     args.alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
     smoke = args.cpu_smoke
@@ -107,8 +106,14 @@ def environment(args) -> dict:
     import torch
     import transformers
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda": torch.version.cuda, "device": args.device, "cpu_smoke": args.cpu_smoke}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "device": args.device,
+        "cpu_smoke": args.cpu_smoke,
+    }
     if args.device == "cuda":
         env["device_name"] = torch.cuda.get_device_name(0)
         env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
@@ -123,8 +128,10 @@ def check_environment(args) -> None:
     import transformers
 
     if int(transformers.__version__.split(".")[0]) < 5:
-        raise SystemExit(f"gpu_check: transformers {transformers.__version__} is too old; distill needs transformers >= 5 "
-                         "(the `cache=` forward argument). Install the project's pinned version (5.24.0).")
+        raise SystemExit(
+            f"gpu_check: transformers {transformers.__version__} is too old; distill needs transformers >= 5 "
+            "(the `cache=` forward argument). Install the project's pinned version (5.24.0)."
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device here. Run `bash scripts/gpu_check.sh --cpu-smoke` for the CPU dry run.")
 
@@ -189,8 +196,10 @@ def stage_identity(models: dict, args, results: dict) -> dict:
     prompts = prompts_for(args, shared, args.num_prompts, seed=7)
     new = args.identity_new_tokens
     loop = SpecLoop(target, None, 0)
-    outputs = {"eager target-only": [greedy_decode(target, p, new)[0] for p in prompts],
-               "static target-only": [target_only_generate(target, p, new, loop=loop).sequences for p in prompts]}
+    outputs = {
+        "eager target-only": [greedy_decode(target, p, new)[0] for p in prompts],
+        "static target-only": [target_only_generate(target, p, new, loop=loop).sequences for p in prompts],
+    }
     for backend in ("static", "eager"):
         decoder = SpeculativeDecoder(target, draft, num_draft_tokens=5, backend=backend)
         outputs[f"{backend} speculative (k = 5)"] = [decoder.generate(p, max_new_tokens=new, eos_token_id=[]).sequences for p in prompts]
@@ -200,20 +209,32 @@ def stage_identity(models: dict, args, results: dict) -> dict:
     outputs["static speculative, one batch (k = 5)"] = list(batched.split(1))
     sampled = graphed.generate(torch.cat(prompts), max_new_tokens=new, eos_token_id=[], do_sample=True, temperature=0.7, seed=0)
     with torch.inference_mode():  # one forward over each whole sequence: do its argmaxes agree with the steps'?
-        agree = [(target(s).logits[0, args.prompt_len - 1 : -1].argmax(-1) == s[0, args.prompt_len :]).float().mean().item()
-                 for s in outputs["eager target-only"]]
-    pairs = [("static speculative (k = 5)", "eager target-only"), ("static speculative (k = 5)", "static target-only"),
-             ("static speculative, one batch (k = 5)", "static speculative (k = 5)"),
-             ("eager speculative (k = 5)", "eager target-only"), ("static target-only", "eager target-only")]
+        agree = [
+            (target(s).logits[0, args.prompt_len - 1 : -1].argmax(-1) == s[0, args.prompt_len :]).float().mean().item() for s in outputs["eager target-only"]
+        ]
+    pairs = [
+        ("static speculative (k = 5)", "eager target-only"),
+        ("static speculative (k = 5)", "static target-only"),
+        ("static speculative, one batch (k = 5)", "static speculative (k = 5)"),
+        ("eager speculative (k = 5)", "eager target-only"),
+        ("static target-only", "eager target-only"),
+    ]
     rows = []
     for a, b in pairs:
         same = [x.tolist() == y.tolist() for x, y in zip(outputs[a], outputs[b])]
         prefix = [prefix_match(x, y, args.prompt_len) for x, y in zip(outputs[a], outputs[b])]
         rows.append({"pair": f"{a} vs {b}", "identity_rate": sum(same) / len(same), "mean_identical_prefix": sum(prefix) / len(prefix)})
-    out = {"num_prompts": len(prompts), "new_tokens": new, "rows": rows,
-           "one_step_vs_whole_sequence_argmax_agreement": sum(agree) / len(agree),
-           "graphed_sampling": {"rows": sampled.sequences.shape[0], "tokens_in_vocab": bool((sampled.sequences < target.config.vocab_size).all()),
-                                "acceptance_rate": sampled.stats.acceptance_rate}}
+    out = {
+        "num_prompts": len(prompts),
+        "new_tokens": new,
+        "rows": rows,
+        "one_step_vs_whole_sequence_argmax_agreement": sum(agree) / len(agree),
+        "graphed_sampling": {
+            "rows": sampled.sequences.shape[0],
+            "tokens_in_vocab": bool((sampled.sequences < target.config.vocab_size).all()),
+            "acceptance_rate": sampled.stats.acceptance_rate,
+        },
+    }
     results["identity"] = out
     return out
 
@@ -226,9 +247,11 @@ def stage_costs(models: dict, args, mode: str, results: dict) -> dict:
         costs = measure_costs(models["target"], models[name], ks=args.ks, prompt_len=args.prompt_len, repeats=args.repeats, backend=mode)
         out[name] = costs
         results.setdefault("costs", {}).setdefault(mode, {})[name] = costs.to_dict()
-        print(f"  {mode} costs, {name} draft: target step {costs.target_step_s * 1e3:.2f} ms, draft step "
-              f"{costs.draft_step_s * 1e3:.2f} ms, c = {costs.c:.3f}, v = "
-              + ", ".join(f"{k}:{v:.2f}" for k, v in sorted(costs.v.items())), flush=True)
+        print(
+            f"  {mode} costs, {name} draft: target step {costs.target_step_s * 1e3:.2f} ms, draft step "
+            f"{costs.draft_step_s * 1e3:.2f} ms, c = {costs.c:.3f}, v = " + ", ".join(f"{k}:{v:.2f}" for k, v in sorted(costs.v.items())),
+            flush=True,
+        )
     return out
 
 
@@ -247,13 +270,14 @@ def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock:
             if clock.left() < 25:  # one eager run at 7B takes ~10 s
                 runs.append({"draft": name, "alpha": alpha, "k": k, "skipped": "deadline"})
                 continue
-            r = run_synthetic(target, models[name], alpha, k, prompts, args.max_new_tokens, costs=costs[name],
-                              baseline=baseline, backend=mode)
+            r = run_synthetic(target, models[name], alpha, k, prompts, args.max_new_tokens, costs=costs[name], baseline=baseline, backend=mode)
             r["draft"] = name
             runs.append(r)
-            print(f"  {mode} {name} α={alpha} k={k}: measured α {r['measured_alpha']:.3f}, decode speedup "
-                  f"{r['decode_speedup']:.2f}× vs predicted {r['predicted_speedup']:.2f}×, identity {r['greedy_identity']:.0%}",
-                  flush=True)
+            print(
+                f"  {mode} {name} α={alpha} k={k}: measured α {r['measured_alpha']:.3f}, decode speedup "
+                f"{r['decode_speedup']:.2f}× vs predicted {r['predicted_speedup']:.2f}×, identity {r['greedy_identity']:.0%}",
+                flush=True,
+            )
 
 
 def render(results: dict, args) -> str:
@@ -274,29 +298,45 @@ def render(results: dict, args) -> str:
     ]
     ident = results.get("identity")
     if ident:
-        lines += ["", f"**Greedy identity, natural random weights** ({ident['num_prompts']} prompts × {ident['new_tokens']} tokens; "
-                  f"one-step vs whole-sequence argmax agreement of the target itself: "
-                  f"{ident['one_step_vs_whole_sequence_argmax_agreement']:.1%}, a measure of near-ties in these logits):", "",
-                  markdown_table(["outputs compared", "identical sequences", "mean identical prefix"],
-                                 [[r["pair"], f"{r['identity_rate']:.0%}", f"{r['mean_identical_prefix']:.0%}"] for r in ident["rows"]])]
+        lines += [
+            "",
+            f"**Greedy identity, natural random weights** ({ident['num_prompts']} prompts × {ident['new_tokens']} tokens; "
+            f"one-step vs whole-sequence argmax agreement of the target itself: "
+            f"{ident['one_step_vs_whole_sequence_argmax_agreement']:.1%}, a measure of near-ties in these logits):",
+            "",
+            markdown_table(
+                ["outputs compared", "identical sequences", "mean identical prefix"],
+                [[r["pair"], f"{r['identity_rate']:.0%}", f"{r['mean_identical_prefix']:.0%}"] for r in ident["rows"]],
+            ),
+        ]
         sampled = ident.get("graphed_sampling")
         if sampled:
-            lines += ["", f"Sampling through the {label} loop (one batch of {sampled['rows']}, temperature 0.7): acceptance "
-                      f"{sampled['acceptance_rate']:.3f}, every token inside the vocabulary: {'yes' if sampled['tokens_in_vocab'] else 'NO'}."]
+            lines += [
+                "",
+                f"Sampling through the {label} loop (one batch of {sampled['rows']}, temperature 0.7): acceptance "
+                f"{sampled['acceptance_rate']:.3f}, every token inside the vocabulary: {'yes' if sampled['tokens_in_vocab'] else 'NO'}.",
+            ]
     costs = results.get("costs", {})
     if costs:
         rows = []
         for mode, per in costs.items():
             for name, c in per.items():
-                rows.append([name, label if mode == "static" else mode, c["target_step_s"] * 1e3,
-                             c["draft_step_s"] * 1e3, c["c"]] + [c["v"].get(str(k), "") for k in args.ks])
-        lines += ["", "**Step costs** (warm cache of the prompt length; median):", "",
-                  markdown_table(["draft", "loop", "target step ms", "draft step ms", "c"] + [f"v({k})" for k in args.ks], rows)]
+                rows.append(
+                    [name, label if mode == "static" else mode, c["target_step_s"] * 1e3, c["draft_step_s"] * 1e3, c["c"]]
+                    + [c["v"].get(str(k), "") for k in args.ks]
+                )
+        lines += [
+            "",
+            "**Step costs** (warm cache of the prompt length; median):",
+            "",
+            markdown_table(["draft", "loop", "target step ms", "draft step ms", "c"] + [f"v({k})" for k in args.ks], rows),
+        ]
     synth = results.get("synthetic", {})
     static = {(r["draft"], r["alpha"]): r for r in synth.get("static", [])}
     eager = {(r["draft"], r["alpha"]): r for r in synth.get("eager", [])}
     keys = sorted(set(static) | set(eager), key=lambda t: (t[0], t[1]))
     if keys:
+
         def cells(r):
             if r is None or "skipped" in r:
                 return ["-", "-", "-"]
@@ -308,19 +348,41 @@ def render(results: dict, args) -> str:
             ref = s if s and "skipped" not in s else e
             per_prompt = lambda r: r["speculative_s"] / r["num_prompts"]  # noqa: E731
             ratio = f"{per_prompt(e) / per_prompt(s):.2f}×" if s and e and "skipped" not in s and "skipped" not in e else "-"
-            rows.append([key[0], key[1], ref["k"] if ref else "-", f"{ref['measured_alpha']:.3f}" if ref and "measured_alpha" in ref else "-"]
-                        + cells(s) + cells(e) + [ratio, f"{s['greedy_identity']:.0%}" if s and "greedy_identity" in s else "-"])
-        lines += ["", f"**Synthetic acceptance**: distill.synthetic's SyntheticDraft proposes the target's own token with probability α "
-                  "per position; target weights re-drawn without near-ties (make_decisive) so the greedy path cannot drift. "
-                  f"k = best k of the {label} costs, the same k for both loops. Speedup = target-only decode time over speculative "
-                  "decode time through the same loop (TTFT excluded); predicted = E[tokens per round] / (k·c + v(k)) from the "
-                  "measured α and that loop's c, v(k).", "",
-                  markdown_table(["draft", "α", "k", "measured α", f"{label} predicted", f"{label} measured", f"{label} error",
-                                  "eager predicted", "eager measured", "eager error", f"eager / {label} wall", f"{label} identity"], rows)]
+            rows.append(
+                [key[0], key[1], ref["k"] if ref else "-", f"{ref['measured_alpha']:.3f}" if ref and "measured_alpha" in ref else "-"]
+                + cells(s)
+                + cells(e)
+                + [ratio, f"{s['greedy_identity']:.0%}" if s and "greedy_identity" in s else "-"]
+            )
+        lines += [
+            "",
+            f"**Synthetic acceptance**: distill.synthetic's SyntheticDraft proposes the target's own token with probability α "
+            "per position; target weights re-drawn without near-ties (make_decisive) so the greedy path cannot drift. "
+            f"k = best k of the {label} costs, the same k for both loops. Speedup = target-only decode time over speculative "
+            "decode time through the same loop (TTFT excluded); predicted = E[tokens per round] / (k·c + v(k)) from the "
+            "measured α and that loop's c, v(k).",
+            "",
+            markdown_table(
+                [
+                    "draft",
+                    "α",
+                    "k",
+                    "measured α",
+                    f"{label} predicted",
+                    f"{label} measured",
+                    f"{label} error",
+                    "eager predicted",
+                    "eager measured",
+                    "eager error",
+                    f"eager / {label} wall",
+                    f"{label} identity",
+                ],
+                rows,
+            ),
+        ]
     check = results.get("check")
     if check:
-        lines += ["", f"**Check** ({label} loop within {CHECK_TOLERANCE:.0%} of its prediction for α ≥ {CHECK_ALPHA}): "
-                  + check["summary"]]
+        lines += ["", f"**Check** ({label} loop within {CHECK_TOLERANCE:.0%} of its prediction for α ≥ {CHECK_ALPHA}): " + check["summary"]]
     stages = results.get("stages", [])
     if stages:
         lines += ["", "Stages: " + "; ".join(f"{s['stage']} {s['seconds']:.0f}s/{s['budget_s']:.0f}s ({s['status']})" for s in stages)]
@@ -339,9 +401,11 @@ def check(results: dict, args) -> dict:
     verdict = "PASS" if passed and len(runs) == expected else "FAIL" if not passed else "INCOMPLETE"
     note = " (informational: CPU smoke, no CUDA graphs)" if args.cpu_smoke else ""
     identity = min(r["greedy_identity"] for r in runs)
-    summary = (f"{verdict}{note}: {len(runs)}/{expected} runs, worst error {worst[2] * 100:+.1f}% "
-               f"({worst[0]} draft, α = {worst[1]}); lowest greedy identity of those runs {identity:.0%} "
-               "(below 100% the greedy path drifted and the synthetic acceptance with it)")
+    summary = (
+        f"{verdict}{note}: {len(runs)}/{expected} runs, worst error {worst[2] * 100:+.1f}% "
+        f"({worst[0]} draft, α = {worst[1]}); lowest greedy identity of those runs {identity:.0%} "
+        "(below 100% the greedy path drifted and the synthetic acceptance with it)"
+    )
     return {"passed": passed and len(runs) == expected, "verdict": verdict, "errors": [list(e) for e in errors], "summary": summary}
 
 

@@ -59,8 +59,15 @@ def script():
 
 
 # The draft the tiny runs train, from scratch (a config, no weights).
-TINY_DRAFT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True}
+TINY_DRAFT = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
 
 
 @dataclass
@@ -94,8 +101,12 @@ class TinyRun:
             "target": {"name_or_path": str(root / "target"), "dtype": "float32"},
             "draft": {"dtype": "float32", "config": config},
             "data": {
-                "dataset": str(root / "train.jsonl"), "adapter": "prompt_response", "eval_split": str(root / "eval.jsonl"),
-                "eval_samples": self.eval_rows, "max_prompt_length": 40, "max_length": 64,
+                "dataset": str(root / "train.jsonl"),
+                "adapter": "prompt_response",
+                "eval_split": str(root / "eval.jsonl"),
+                "eval_samples": self.eval_rows,
+                "max_prompt_length": 40,
+                "max_length": 64,
             },
             "teacher": {"mode": "online"},
             "loss": {"divergence": "forward_kl"},
@@ -121,8 +132,9 @@ def tiny_run(tmp_path_factory, tokenizer, target, examples):
     recipe sections its tests share; `draft_vocab_pad` sets the draft's vocab_size to the saved
     tokenizer's length plus that many rows (None: left out, so the draft gets the tokenizer's length)."""
 
-    def make(name: str, *, train_rows: int, eval_rows: int, training: dict[str, Any], draft_vocab_pad: int | None = None,
-             **sections: dict[str, Any]) -> TinyRun:
+    def make(
+        name: str, *, train_rows: int, eval_rows: int, training: dict[str, Any], draft_vocab_pad: int | None = None, **sections: dict[str, Any]
+    ) -> TinyRun:
         root = tmp_path_factory.mktemp(name)
         target.save_pretrained(root / "target")
         tokenizer.save_pretrained(root / "target")

@@ -20,8 +20,20 @@ from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW_TOKENS = 8
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SCHEMA_FIELDS = {"acceptance_rate", "mean_accepted_length", "tokens_per_target_forward", "speedup", "ttft_s", "tpot_s",
-                 "tokens_per_s", "quality", "target_quality", "quality_metric", "greedy_identity", "per_position_acceptance"}
+SCHEMA_FIELDS = {
+    "acceptance_rate",
+    "mean_accepted_length",
+    "tokens_per_target_forward",
+    "speedup",
+    "ttft_s",
+    "tpot_s",
+    "tokens_per_s",
+    "quality",
+    "target_quality",
+    "quality_metric",
+    "greedy_identity",
+    "per_position_acceptance",
+}
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:
@@ -42,36 +54,56 @@ def one_thread():
 def setup(tmp_path_factory, tokenizer):
     """A saved tiny target (+32 padded rows), a smaller saved draft (+8), each with the tokenizer, and task files."""
     root = tmp_path_factory.mktemp("accept")
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21,
-                        tie_word_embeddings=False, initializer_range=0.1)
-    draft = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer,
-                       seed=22, tie_word_embeddings=False, initializer_range=0.1)
+    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21, tie_word_embeddings=False, initializer_range=0.1)
+    draft = tiny_qwen2(
+        len(tokenizer) + 8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=22,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
     with torch.no_grad():  # padded rows never win, as in Qwen2.5: a self-draft (real vocabulary only) can then match every token
         target.lm_head.weight[len(tokenizer) :] = target.lm_head.weight[: len(tokenizer)].mean(0)
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     files = {
-        "gsm8k": _jsonl(root / "gsm8k.jsonl", [
-            {"question": "anna has 3 apples and gets 4 more . how many apples does anna have ?", "answer": "3 + 4 = 7 . #### 7"},
-            {"question": "ben has 9 pens and gives away 2 . how many pens are left ?", "answer": "9 - 2 = 7 . #### 7"},
-            {"question": "cara has 5 cups and gets 6 more . how many cups does cara have ?", "answer": "5 + 6 = 11 . #### 11"},
-        ]),
-        "mmlu": _jsonl(root / "mmlu.jsonl", [
-            {"question": "which animal says moo ?", "subject": "farm", "choices": ["cat", "cow", "owl", "bee"], "answer": 1},
-            {"question": "what colour is the sky ?", "subject": "nature", "choices": ["red", "green", "blue", "old"], "answer": 2},
-        ]),
-        "cnndm": _jsonl(root / "cnndm.jsonl", [
-            {"article": "the quick fox finds the hen by the river . the hen helps the fox at home .",
-             "highlights": "the fox finds the hen .", "id": "a1"},
-            {"article": "the lazy dog chases the cat in the park every day . the cat likes the owl .",
-             "highlights": "the dog chases the cat .", "id": "a2"},
-        ]),
+        "gsm8k": _jsonl(
+            root / "gsm8k.jsonl",
+            [
+                {"question": "anna has 3 apples and gets 4 more . how many apples does anna have ?", "answer": "3 + 4 = 7 . #### 7"},
+                {"question": "ben has 9 pens and gives away 2 . how many pens are left ?", "answer": "9 - 2 = 7 . #### 7"},
+                {"question": "cara has 5 cups and gets 6 more . how many cups does cara have ?", "answer": "5 + 6 = 11 . #### 11"},
+            ],
+        ),
+        "mmlu": _jsonl(
+            root / "mmlu.jsonl",
+            [
+                {"question": "which animal says moo ?", "subject": "farm", "choices": ["cat", "cow", "owl", "bee"], "answer": 1},
+                {"question": "what colour is the sky ?", "subject": "nature", "choices": ["red", "green", "blue", "old"], "answer": 2},
+            ],
+        ),
+        "cnndm": _jsonl(
+            root / "cnndm.jsonl",
+            [
+                {"article": "the quick fox finds the hen by the river . the hen helps the fox at home .", "highlights": "the fox finds the hen .", "id": "a1"},
+                {
+                    "article": "the lazy dog chases the cat in the park every day . the cat likes the owl .",
+                    "highlights": "the dog chases the cat .",
+                    "id": "a2",
+                },
+            ],
+        ),
     }
     # cnndm's first reference is the target's own greedy summary, so its ROUGE-L is 1 and quality is not trivially 0.
     example = get_task("cnndm").load(data_file=files["cnndm"], num_samples=None)[0]
-    prompt = tokenizer(tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=False),
-                       add_special_tokens=False, return_tensors="pt")
+    prompt = tokenizer(
+        tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False, return_tensors="pt"
+    )
     summary = target.generate(**prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[0, prompt["input_ids"].shape[1] :]
     rows = [json.loads(line) for line in Path(files["cnndm"]).read_text().splitlines()]
     rows[0]["highlights"] = tokenizer.decode(summary, skip_special_tokens=True)
@@ -81,9 +113,30 @@ def setup(tmp_path_factory, tokenizer):
 
 def _args(root: Path, files: dict[str, str], out: Path, *extra: str) -> list[str]:
     data = [a for task, path in files.items() for a in ("--data-file", f"{task}={path}")]
-    return ["--target", str(root / "target"), "--draft", f"small={root / 'draft'}", "--draft", f"self={root / 'target'}",
-            "--tasks", "gsm8k,mmlu,cnndm", *data, "--num-samples", "2", "--max-new-tokens", str(MAX_NEW_TOKENS),
-            "--num-draft-tokens", "3", "--device", "cpu", "--cost-repeats", "2", "--output-dir", str(out), *extra]
+    return [
+        "--target",
+        str(root / "target"),
+        "--draft",
+        f"small={root / 'draft'}",
+        "--draft",
+        f"self={root / 'target'}",
+        "--tasks",
+        "gsm8k,mmlu,cnndm",
+        *data,
+        "--num-samples",
+        "2",
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        "--num-draft-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--cost-repeats",
+        "2",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -143,19 +196,18 @@ def test_a_mismatch_is_located_with_the_targets_margin(setup, tokenizer):
     root, _ = setup
     target = load_model(root / "target", dtype="float32")
     prompt = tokenizer("anna has 3 apples .")["input_ids"]
-    expected = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(prompt):].tolist()
+    expected = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(prompt) :].tolist()
     got = expected[:3] + [(expected[3] + 1) % len(tokenizer)] + expected[4:]
     found = first_difference(target, prompt, expected, got, torch.device("cpu"))
     with torch.no_grad():
         logits = target(input_ids=torch.tensor([prompt + expected[:3]])).logits[0, -1].topk(2).values
-    assert found == {"position": 3, "target_token": expected[3], "speculative_token": got[3],
-                     "target_top2_margin": pytest.approx(float(logits[0] - logits[1]))}
+    assert found == {"position": 3, "target_token": expected[3], "speculative_token": got[3], "target_top2_margin": pytest.approx(float(logits[0] - logits[1]))}
     assert first_difference(target, prompt, expected, expected[:4], torch.device("cpu"))["position"] == 4  # one stopped early
 
 
 def test_self_draft_is_always_accepted_and_small_draft_is_not(greedy_run):
     _, _, report = greedy_run
-    for task, row in report["drafts"]["self"]["tasks"].items():
+    for _task, row in report["drafts"]["self"]["tasks"].items():
         assert row["acceptance_rate"] == 1.0 and row["alpha"] == 1.0
         assert row["per_position_acceptance"] == [1.0, 1.0, 1.0]
         assert row["mean_accepted_length"] == 2.5  # rounds of k = 3 and (cut short) k = 2, all accepted
@@ -183,8 +235,7 @@ def test_speedup_sweep_and_predictions(greedy_run):
 def test_markdown_and_plots_are_written(greedy_run):
     _, out, _ = greedy_run
     md = (out / "report.md").read_text()
-    for text in ("## gsm8k", "## mmlu", "## cnndm", "| target only |", "| small |", "| self |", "100.0%",
-                 "acceptance_per_position.png", "speedup_vs_k.png"):
+    for text in ("## gsm8k", "## mmlu", "## cnndm", "| target only |", "| small |", "| self |", "100.0%", "acceptance_per_position.png", "speedup_vs_k.png"):
         assert text in md
     for name in ("acceptance_per_position.png", "speedup_vs_k.png"):
         data = (out / name).read_bytes()
@@ -213,8 +264,7 @@ def test_retrained_draft_or_edited_data_is_measured_afresh(tmp_path):
     weights.write_bytes(b"weights")
     data = tmp_path / "mmlu.jsonl"
     data.write_text("{}\n")
-    settings = Settings(target="Qwen/Qwen2.5-7B-Instruct", drafts=[DraftSource("kd", str(tmp_path / "draft"))], tasks=["mmlu"],
-                        data_files={"mmlu": str(data)})
+    settings = Settings(target="Qwen/Qwen2.5-7B-Instruct", drafts=[DraftSource("kd", str(tmp_path / "draft"))], tasks=["mmlu"], data_files={"mmlu": str(data)})
     before = settings.fingerprint()
     assert Settings(**{**vars(settings), "output_dir": "elsewhere"}).fingerprint() == before
     assert Settings(**{**vars(settings), "seed": 1}).fingerprint() != before
@@ -255,11 +305,14 @@ def test_draft_with_another_tokenizer_is_refused(setup, tmp_path, capsys):
     assert not (tmp_path / "out" / "report.json").exists()
 
 
-@pytest.mark.parametrize("change, message", [
-    (("--tasks", "gsm8k,squad"), "unknown task 'squad'"),
-    (("--data-file", "mmlu=/nonexistent/mmlu.jsonl"), "does not exist"),
-    (("--ks", "0,2"), "--ks"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("--tasks", "gsm8k,squad"), "unknown task 'squad'"),
+        (("--data-file", "mmlu=/nonexistent/mmlu.jsonl"), "does not exist"),
+        (("--ks", "0,2"), "--ks"),
+    ],
+)
 def test_bad_input_is_refused_with_a_clear_error(setup, tmp_path, capsys, change, message):
     root, files = setup
     args = _args(root, files, tmp_path / "out")
@@ -279,7 +332,10 @@ def test_trim_and_draft_names():
     assert trim([5, 6, 7], {2, 3}) == [5, 6, 7]
     drafts = parse_drafts(["Qwen/Qwen2.5-0.5B-Instruct,kd=runs/kd", "self=Qwen/Qwen2.5-7B-Instruct"])
     assert [(d.name, d.path) for d in drafts] == [
-        ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"), ("kd", "runs/kd"), ("self", "Qwen/Qwen2.5-7B-Instruct")]
+        ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+        ("kd", "runs/kd"),
+        ("self", "Qwen/Qwen2.5-7B-Instruct"),
+    ]
     with pytest.raises(ValueError, match="given twice"):
         parse_drafts(["a=x", "a=y"])
 

@@ -58,15 +58,46 @@ def test_study_smoke_run_writes_table_plot_and_resumes(bench, tmp_path):
     data = tmp_path / "gsm8k"
     data.mkdir()
     for split, n in (("train", 48), ("test", 8)):
-        rows = [{"question": f"Tom has {a} apples and buys {a + 2} more. How many apples?",
-                 "answer": f"He has {a} + {a + 2} = <<{a}+{a + 2}={2 * a + 2}>>{2 * a + 2} apples.\n#### {2 * a + 2}"}
-                for a in range(n)]
+        rows = [
+            {
+                "question": f"Tom has {a} apples and buys {a + 2} more. How many apples?",
+                "answer": f"He has {a} + {a + 2} = <<{a}+{a + 2}={2 * a + 2}>>{2 * a + 2} apples.\n#### {2 * a + 2}",
+            }
+            for a in range(n)
+        ]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     docs, plot, work = tmp_path / "benchmarks.md", tmp_path / "plot.png", tmp_path / "work"
     only = [bench.CE, "forward KL · target responses", "TVD · on-policy λ = 0.5"]
-    argv = ["--gsm8k-dir", str(data), "--rows", "48", "--vocab-size", "200", "--target-steps", "3", "--steps", "2",
-            "--prompts", "2", "--max-new-tokens", "6", "--eval-samples", "4", "--generation-max-new-tokens", "8",
-            "--on-policy-max-new-tokens", "8", "--work", str(work), "--docs", str(docs), "--plot", str(plot), "--only", *only]
+    argv = [
+        "--gsm8k-dir",
+        str(data),
+        "--rows",
+        "48",
+        "--vocab-size",
+        "200",
+        "--target-steps",
+        "3",
+        "--steps",
+        "2",
+        "--prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--eval-samples",
+        "4",
+        "--generation-max-new-tokens",
+        "8",
+        "--on-policy-max-new-tokens",
+        "8",
+        "--work",
+        str(work),
+        "--docs",
+        str(docs),
+        "--plot",
+        str(plot),
+        "--only",
+        *only,
+    ]
     assert bench.main(argv) == 0
     results = json.loads((work / "recipes" / "results.json").read_text())["results"]
     assert list(results) == only

@@ -46,8 +46,18 @@ def test_read_jsonl_takes_the_first_rows_and_names_a_missing_file(bench, tmp_pat
 
 def test_report_writes_its_section_with_the_command(bench, tmp_path, capsys):
     docs = tmp_path / "benchmarks.md"
-    row = bench.row("ce", {"steps": 200, "acceptance_rate": 0.5, "tokens_per_target_forward": 2.25, "greedy_identity": 1.0,
-                           "eval_expected_acceptance": 0.61, "train_tokens_per_s": 1234.4, "train_s": 61.2})
+    row = bench.row(
+        "ce",
+        {
+            "steps": 200,
+            "acceptance_rate": 0.5,
+            "tokens_per_target_forward": 2.25,
+            "greedy_identity": 1.0,
+            "eval_expected_acceptance": 0.61,
+            "train_tokens_per_s": 1234.4,
+            "train_s": 61.2,
+        },
+    )
     assert row == ["ce", 200, 0.5, 2.25, "100%", 0.61, "1234", "61"]
     table = bench.markdown_table(bench.HEADER, [row])
     cmd = bench.command_line(["tiny", "--steps", "200"])

@@ -19,8 +19,8 @@ from distill.data import (
     tokenize_example,
 )
 from distill.recipe import DataSpec
-from distill.vocab import check_tokenizers_agree, tokenizer_fingerprint
 from distill.tiny import build_tokenizer
+from distill.vocab import check_tokenizers_agree, tokenizer_fingerprint
 
 GSM8K_TRAIN = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
@@ -64,9 +64,7 @@ def test_mmlu_prompt_lists_lettered_options(tmp_path):
         {"question": "Sky colour?", "choices": ["blue", "green"], "answer": "A", "subject": "x"},
     ]
     examples = load_examples(write_jsonl(tmp_path / "mmlu.jsonl", rows))
-    assert examples[0]["messages"][0]["content"] == (
-        "2 + 2 = ?\n\nA. 3\nB. 5\nC. 4\nD. 22\n\nAnswer with the letter of the correct option."
-    )
+    assert examples[0]["messages"][0]["content"] == ("2 + 2 = ?\n\nA. 3\nB. 5\nC. 4\nD. 22\n\nAnswer with the letter of the correct option.")
     assert examples[0]["response"] == "The answer is C."
     assert examples[1]["response"] == "The answer is A."
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 5}])
@@ -150,9 +148,7 @@ def test_masks_cover_exactly_the_response(tokenizer):
     row = tokenize_example(tokenizer, messages, response, 512, 1024)
     n_prompt = row["labels"].count(-100)
     assert row["labels"][:n_prompt] == [-100] * n_prompt and -100 not in row["labels"][n_prompt:]
-    assert tokenizer.decode(row["input_ids"][:n_prompt]) == tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False
-    )
+    assert tokenizer.decode(row["input_ids"][:n_prompt]) == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert response_text(tokenizer, row) == response + "<|im_end|>"
     assert row["input_ids"][-1] == tokenizer.eos_token_id
     assert row["attention_mask"] == [1] * len(row["input_ids"])

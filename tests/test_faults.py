@@ -31,8 +31,8 @@ from distill.publish import publish
 from distill.recipe import RecipeError, load_recipe
 from distill.teacher import CacheMismatchError, TeacherCache
 from distill.teacher import main as teacher_main
-from distill.train import main as train_main
 from distill.train import build_trainer, train
+from distill.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,10 +105,22 @@ def tree_digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def tiny(tiny_run):
     """A saved tiny target (embedding padded +32), 48 training and 8 eval examples, 8 cosine-scheduled steps."""
-    return tiny_run("faults", train_rows=48, eval_rows=8, training={
-        "max_steps": 8, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "cosine",
-        "warmup_ratio": 0.1, "logging_steps": 1, "save_steps": 2, "save_total_limit": 2, "report_to": ["none"],
-    })
+    return tiny_run(
+        "faults",
+        train_rows=48,
+        eval_rows=8,
+        training={
+            "max_steps": 8,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-2,
+            "lr_scheduler_type": "cosine",
+            "warmup_ratio": 0.1,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "save_total_limit": 2,
+            "report_to": ["none"],
+        },
+    )
 
 
 def final_state(output_dir: Path) -> tuple[dict[str, torch.Tensor], list[float], float]:
@@ -278,7 +290,9 @@ def test_cache_of_another_dataset_tokenizer_or_target_is_refused(tiny, cache_cop
     else:
         manifest = cache_copy / "train" / "manifest.json"
         manifest.write_text(json.dumps({**json.loads(manifest.read_text()), field: "something-else"}))
-    with pytest.raises(CacheMismatchError, match=rf"teacher cache {cache_copy / 'train'} does not match this run \({field}: .*Rebuild it with `distill cache-teacher"):
+    with pytest.raises(
+        CacheMismatchError, match=rf"teacher cache {cache_copy / 'train'} does not match this run \({field}: .*Rebuild it with `distill cache-teacher"
+    ):
         build_trainer(load_recipe(recipe))
 
 
@@ -296,13 +310,21 @@ def test_checkpoint_without_its_optimizer_state_is_refused(tiny, straight, tmp_p
 def test_bad_input_ends_the_command_with_its_message_and_no_traceback(tiny, tmp_path, verb, capsys):
     """The CLI prints the clear message alone (exit 2), not a traceback that buries it."""
     recipe = tmp_path / "missing.yaml"
-    recipe.write_text(yaml.safe_dump({**tiny.recipe("missing", target={"name_or_path": str(tiny / "no-such-target")}),
-                                      "teacher": {"mode": "cache", "cache_dir": str(tmp_path / "cache")}}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                **tiny.recipe("missing", target={"name_or_path": str(tiny / "no-such-target")}),
+                "teacher": {"mode": "cache", "cache_dir": str(tmp_path / "cache")},
+            }
+        )
+    )
     main = train_main if verb == "train" else teacher_main
     assert main([str(recipe)]) == 2
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and err.startswith(f"distill {verb}: error: invalid recipe:"), err
-    assert err.splitlines()[1:] == [f"  target.name_or_path: {tiny / 'no-such-target'} does not exist (relative paths are read from {Path.cwd()}); fix the path or create it first"]
+    assert err.splitlines()[1:] == [
+        f"  target.name_or_path: {tiny / 'no-such-target'} does not exist (relative paths are read from {Path.cwd()}); fix the path or create it first"
+    ]
 
 
 @pytest.mark.parametrize("key", ["target.name_or_path", "draft.name_or_path", "data.dataset", "data.eval_split"])
@@ -398,8 +420,9 @@ def test_remote_code_runs_only_when_the_recipe_sets_trust_remote_code(tiny, tmp_
     """`target.trust_remote_code: true` loads the folder's own classes (its `auto_map`); the same
     folder without the key is refused and its code never runs."""
     marker = tmp_path / "ran"
-    folder = _folder_with_code(tiny, tmp_path / "custom", REMOTE_CODE.format(marker=str(marker)), "custom_qwen",
-                               {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model"})
+    folder = _folder_with_code(
+        tiny, tmp_path / "custom", REMOTE_CODE.format(marker=str(marker)), "custom_qwen", {"AutoConfig": "code.Config", "AutoModelForCausalLM": "code.Model"}
+    )
     with pytest.raises(ValueError, match="trust_remote_code"):
         build_trainer(load_recipe(tiny.recipe("custom-off", target={"name_or_path": str(folder)}, data={"eval_split": None})))
     assert not marker.exists()
@@ -426,7 +449,10 @@ def test_recipes_are_read_with_a_safe_yaml_loader(tmp_path):
     assert not marker.exists()
     sources = "\n".join(p.read_text() for p in [*(REPO / "distill").rglob("*.py"), *(REPO / "scripts").glob("*.py")])
     assert "yaml.unsafe_load" not in sources and "yaml.Loader" not in sources and "yaml.FullLoader" not in sources
-    assert all(call.startswith(("yaml.load(text, Loader=_Loader)", "yaml.load(f, Loader=_Loader)")) for call in ("yaml.load(" + c for c in sources.split("yaml.load(")[1:]))
+    assert all(
+        call.startswith(("yaml.load(text, Loader=_Loader)", "yaml.load(f, Loader=_Loader)"))
+        for call in ("yaml.load(" + c for c in sources.split("yaml.load(")[1:])
+    )
 
 
 SECRET = "hf_fault_test_secret_0123456789"
@@ -445,8 +471,17 @@ def hub_calls(monkeypatch):
 def test_nothing_is_uploaded_without_push_to_hub_and_the_token_is_never_written(tiny, straight, tmp_path, hub_calls, capfd, caplog):
     caplog.set_level(logging.DEBUG)
     recipe = tmp_path / "token.yaml"
-    recipe.write_text(yaml.safe_dump(tiny.recipe("run", root=tmp_path, target={"name_or_path": str(tiny / "target")},
-                                                 data={"dataset": str(tiny / "train.jsonl"), "eval_split": None}, training={"max_steps": 1})))
+    recipe.write_text(
+        yaml.safe_dump(
+            tiny.recipe(
+                "run",
+                root=tmp_path,
+                target={"name_or_path": str(tiny / "target")},
+                data={"dataset": str(tiny / "train.jsonl"), "eval_split": None},
+                training={"max_steps": 1},
+            )
+        )
+    )
     assert train_main([str(recipe)]) == 0
     assert publish_main([str(tmp_path / "run"), "--out", str(tmp_path / "local")]) == 0
     assert hub_calls == []
@@ -489,17 +524,33 @@ def _one_line_error(capsys, prog: str) -> str:
 @pytest.mark.parametrize("damage", ["torn weights", "config not json"])
 @pytest.mark.parametrize("command", ["accept", "publish", "bench"])
 def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, straight, tmp_path, capsys, command, damage):
-    from distill.eval.acceptance import main as accept_main
     from distill.bench import main as bench_main
+    from distill.eval.acceptance import main as accept_main
 
     draft = _damaged(tiny / "straight" / "draft", tmp_path / "draft", damage)
     target = str(tiny / "target")
     if command == "accept":
-        rc = accept_main(["--target", target, "--draft", f"kd={draft}", "--tasks", "gsm8k", "--data-file", f"gsm8k={_gsm8k_file(tmp_path)}",
-                          "--max-new-tokens", "4", "--device", "cpu", "--output-dir", str(tmp_path / "eval")])
+        rc = accept_main(
+            [
+                "--target",
+                target,
+                "--draft",
+                f"kd={draft}",
+                "--tasks",
+                "gsm8k",
+                "--data-file",
+                f"gsm8k={_gsm8k_file(tmp_path)}",
+                "--max-new-tokens",
+                "4",
+                "--device",
+                "cpu",
+                "--output-dir",
+                str(tmp_path / "eval"),
+            ]
+        )
         prog = "distill accept"
     elif command == "publish":
-        rc, prog = publish_main([ "--draft", str(draft), "--target", target, "--out", str(tmp_path / "published")]), "distill publish"
+        rc, prog = publish_main(["--draft", str(draft), "--target", target, "--out", str(tmp_path / "published")]), "distill publish"
         assert not (tmp_path / "published").exists()
     else:
         rc, prog = bench_main(["--target", target, "--draft", str(draft), "--device", "cpu"]), "distill bench"
@@ -523,8 +574,23 @@ def test_a_missing_local_path_is_named_not_sent_to_the_hub(tiny, tmp_path, capsy
     from distill.eval.acceptance import main as accept_main
 
     monkeypatch.chdir(tmp_path)
-    assert accept_main(["--target", str(tiny / "target"), "--draft", "runs/tiny/nope", "--tasks", "gsm8k",
-                        "--data-file", f"gsm8k={_gsm8k_file(tmp_path)}", "--device", "cpu"]) == 2
+    assert (
+        accept_main(
+            [
+                "--target",
+                str(tiny / "target"),
+                "--draft",
+                "runs/tiny/nope",
+                "--tasks",
+                "gsm8k",
+                "--data-file",
+                f"gsm8k={_gsm8k_file(tmp_path)}",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     line = _one_line_error(capsys, "distill accept")
     assert "runs/tiny/nope: no such file or folder" in line and "Repo id" not in line
 
@@ -542,10 +608,12 @@ def test_a_published_folder_is_readable_by_others(tiny, straight, tmp_path):
 
 
 def test_help_answers_without_loading_torch_and_names_the_command():
-    code = ("import sys\nfrom distill.cli import main\n"
-            "for verb in ('train', 'prepare-tiny', 'accept', 'bench', 'convert-gguf'):\n"
-            "    try:\n        main([verb, '--help'])\n    except SystemExit:\n        pass\n"
-            "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
+    code = (
+        "import sys\nfrom distill.cli import main\n"
+        "for verb in ('train', 'prepare-tiny', 'accept', 'bench', 'convert-gguf'):\n"
+        "    try:\n        main([verb, '--help'])\n    except SystemExit:\n        pass\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert run.stdout.rstrip().endswith("torch not loaded")
@@ -556,7 +624,13 @@ def test_commands_that_do_not_use_deepspeed_print_nothing_about_it(tmp_path):
     """Saving any model makes accelerate import DeepSpeed, whose CPU fallback logs a warning; on a
     machine without CUDA the CLI tells DeepSpeed it is on the CPU first, so nothing is printed."""
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
-    run = subprocess.run([sys.executable, "-m", "distill.cli", "prepare-tiny", "--out", str(tmp_path / "tiny"), "--steps", "1"],
-                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "distill.cli", "prepare-tiny", "--out", str(tmp_path / "tiny"), "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "Setting accelerator to CPU" not in run.stderr + run.stdout

@@ -190,9 +190,7 @@ def test_sparse_tail_bucket_hand_value():
     for name, value in expected.items():
         assert sparse_divergence(name, s, ids, logp).item() == pytest.approx(value, rel=1e-12), name
     # without its tail bucket the teacher's top-2 would renormalise to [.375, .625]: a different number
-    assert sparse_divergence("forward_kl", s, ids, logp).item() != pytest.approx(
-        0.375 * ln(0.375 / 0.5) + 0.625 * ln(0.625 / 0.5), rel=1e-3
-    )
+    assert sparse_divergence("forward_kl", s, ids, logp).item() != pytest.approx(0.375 * ln(0.375 / 0.5) + 0.625 * ln(0.625 / 0.5), rel=1e-3)
     (g,) = _grad(sparse_divergence("jsd", s, ids, logp), s)
     assert torch.isfinite(g).all()
 
@@ -224,13 +222,9 @@ def test_padded_vocabularies_equal_the_unpadded_computation(name):
     torch.testing.assert_close(g[..., :v], _grad(plain, s)[0])
     assert g[..., v:].abs().max() == 0  # student padding rows stay out of the softmax
     # vocab_size=None: the smaller width (the student's V+8) is compared
-    assert divergence(name, s_pad, t_pad, mask).item() == pytest.approx(
-        divergence(name, s_pad, t_pad[..., : v + 8], mask).item(), rel=1e-12
-    )
+    assert divergence(name, s_pad, t_pad, mask).item() == pytest.approx(divergence(name, s_pad, t_pad[..., : v + 8], mask).item(), rel=1e-12)
     logp, ids = t.log_softmax(-1).topk(4, -1)
-    assert sparse_divergence(name, s_pad, ids, logp, mask, vocab_size=v).item() == pytest.approx(
-        sparse_divergence(name, s, ids, logp, mask).item(), rel=1e-12
-    )
+    assert sparse_divergence(name, s_pad, ids, logp, mask, vocab_size=v).item() == pytest.approx(sparse_divergence(name, s, ids, logp, mask).item(), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,8 +50,14 @@ def test_zero2_shards_gradients_and_optimizer_but_not_the_weights():
 def test_cpu_check_measures_the_per_token_terms_near_their_estimates():
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux /proc")
-    small = {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
-             "vocab_size": 32_000, "max_position_embeddings": 2048}
+    small = {
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32_000,
+        "max_position_embeddings": 2048,
+    }
     configs = {"untied": {**small, "tie_word_embeddings": False}, "tied": {**small, "tie_word_embeddings": True}}
     # a fresh process, as `distill memory --check` runs: in a long-lived one, freed pages are reused and RSS does not grow
     code = f"import json; from distill.memory import measure; print(json.dumps(measure({configs!r})))"
@@ -63,8 +69,13 @@ def test_cpu_check_measures_the_per_token_terms_near_their_estimates():
 
 
 def test_cli_prints_the_table(capsys):
-    args = ["recipes/qwen2.5-0.5b-from-7b-lora.yaml", "--target-config", "recipes/model_configs/qwen2.5-7b-instruct.json",
-            "--draft-config", "recipes/model_configs/qwen2.5-0.5b-instruct.json"]
+    args = [
+        "recipes/qwen2.5-0.5b-from-7b-lora.yaml",
+        "--target-config",
+        "recipes/model_configs/qwen2.5-7b-instruct.json",
+        "--draft-config",
+        "recipes/model_configs/qwen2.5-0.5b-instruct.json",
+    ]
     assert main([str(REPO / args[0]), *[str(REPO / a) if a.endswith(".json") else a for a in args[1:]]]) == 0
     out = capsys.readouterr().out
     assert "| target weights | 15.23 |" in out and "**total**" in out

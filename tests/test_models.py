@@ -45,9 +45,12 @@ def test_references_resolve_to_hub_ids_folders_training_outputs_and_gguf_files(t
     assert resolve(tmp_path / "run").path == str(tmp_path / "run" / "draft")  # a training output_dir loads its draft/
     src = resolve(gguf_file)
     assert (src.kind, src.location, src.kwargs()) == ("gguf", str(gguf_file.parent), {"gguf_file": gguf_file.name})
-    for bad, message in [("runs/tiny/nope", "no such file or folder"), (tmp_path / "nope.gguf", "no such GGUF file"),
-                         (tmp_path / "run" / "draft" / "config.json", "is a file, not a model folder"),
-                         (tmp_path, "holds no model")]:
+    for bad, message in [
+        ("runs/tiny/nope", "no such file or folder"),
+        (tmp_path / "nope.gguf", "no such GGUF file"),
+        (tmp_path / "run" / "draft" / "config.json", "is a file, not a model folder"),
+        (tmp_path, "holds no model"),
+    ]:
         with pytest.raises(ModelLoadError, match=message):
             resolve(bad)
 
@@ -63,7 +66,8 @@ def test_a_gguf_loads_as_a_plain_model_with_its_tokenizer(gguf_file, tiny, token
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     chat = [{"role": "user", "content": text}]
     assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == tokenizer.apply_chat_template(
-        chat, tokenize=False, add_generation_prompt=True)
+        chat, tokenize=False, add_generation_prompt=True
+    )
     assert load_config(gguf_file).vocab_size == tiny.config.vocab_size
     assert load_model(gguf_file, dtype="bfloat16").dtype == torch.bfloat16
 
@@ -109,8 +113,9 @@ def test_convert_gguf_refuses_bad_input_in_one_line_and_writes_nothing(case, ggu
     assert models.main([str(src), str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("distill convert-gguf: error: ") and "\n" not in err and "Traceback" not in err
-    assert {"truncated": "truncated or corrupt", "not gguf": "not a GGUF file", "architecture": "cannot be dequantised",
-            "out exists": "already exists"}[case] in err
+    assert {"truncated": "truncated or corrupt", "not gguf": "not a GGUF file", "architecture": "cannot be dequantised", "out exists": "already exists"}[
+        case
+    ] in err
     if case == "out exists":
         assert [p.name for p in out.iterdir()] == ["keep.txt"]
     else:

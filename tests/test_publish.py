@@ -34,20 +34,53 @@ SAMPLE_REPORT = {
         "base": {
             "path": "Qwen/Qwen2.5-0.5B-Instruct",
             "tasks": {
-                "gsm8k": {"acceptance_rate": 0.5512, "mean_accepted_length": 2.2051, "tokens_per_target_forward": 2.2, "speedup": 1.48,
-                          "ttft_s": 0.1, "tpot_s": 0.02, "tokens_per_s": 50.0, "quality": 0.611, "target_quality": 0.615,
-                          "quality_metric": "exact_match", "greedy_identity": 1.0, "per_position_acceptance": [0.7, 0.5, 0.4, 0.3]},
+                "gsm8k": {
+                    "acceptance_rate": 0.5512,
+                    "mean_accepted_length": 2.2051,
+                    "tokens_per_target_forward": 2.2,
+                    "speedup": 1.48,
+                    "ttft_s": 0.1,
+                    "tpot_s": 0.02,
+                    "tokens_per_s": 50.0,
+                    "quality": 0.611,
+                    "target_quality": 0.615,
+                    "quality_metric": "exact_match",
+                    "greedy_identity": 1.0,
+                    "per_position_acceptance": [0.7, 0.5, 0.4, 0.3],
+                },
             },
         },
         "distilled": {
             "path": "runs/tiny/draft",
             "tasks": {
-                "gsm8k": {"acceptance_rate": 0.7234, "mean_accepted_length": 3.4117, "tokens_per_target_forward": 3.4, "speedup": 2.147,
-                          "ttft_s": 0.1, "tpot_s": 0.01, "tokens_per_s": 90.0, "quality": 0.6123, "target_quality": 0.615,
-                          "quality_metric": "exact_match", "greedy_identity": 1.0, "per_position_acceptance": [0.9, 0.8, 0.6, 0.5]},
-                "cnndm": {"acceptance_rate": 0.6018, "mean_accepted_length": 2.8, "tokens_per_target_forward": 2.8, "speedup": 1.9062,
-                          "ttft_s": 0.1, "tpot_s": 0.01, "tokens_per_s": 80.0, "quality": 0.2871, "target_quality": 0.2902,
-                          "quality_metric": "rougeL", "greedy_identity": 0.9853, "per_position_acceptance": [0.8, 0.6, 0.5, 0.4]},
+                "gsm8k": {
+                    "acceptance_rate": 0.7234,
+                    "mean_accepted_length": 3.4117,
+                    "tokens_per_target_forward": 3.4,
+                    "speedup": 2.147,
+                    "ttft_s": 0.1,
+                    "tpot_s": 0.01,
+                    "tokens_per_s": 90.0,
+                    "quality": 0.6123,
+                    "target_quality": 0.615,
+                    "quality_metric": "exact_match",
+                    "greedy_identity": 1.0,
+                    "per_position_acceptance": [0.9, 0.8, 0.6, 0.5],
+                },
+                "cnndm": {
+                    "acceptance_rate": 0.6018,
+                    "mean_accepted_length": 2.8,
+                    "tokens_per_target_forward": 2.8,
+                    "speedup": 1.9062,
+                    "ttft_s": 0.1,
+                    "tpot_s": 0.01,
+                    "tokens_per_s": 80.0,
+                    "quality": 0.2871,
+                    "target_quality": 0.2902,
+                    "quality_metric": "rougeL",
+                    "greedy_identity": 0.9853,
+                    "per_position_acceptance": [0.8, 0.6, 0.5, 0.4],
+                },
             },
         },
     },
@@ -169,8 +202,7 @@ def test_pad_vocab_to_target_changes_no_output(env, tokenizer, target, tmp_path)
 
     # Sampling: every step of a sampled run draws from exactly the unpadded draft's distribution.
     torch.manual_seed(0)
-    run = padded.generate(**enc, do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=24,
-                          output_scores=True, return_dict_in_generate=True)
+    run = padded.generate(**enc, do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=24, output_scores=True, return_dict_in_generate=True)
     seq, start = run.sequences, enc["input_ids"].shape[1] - 1
     assert (seq < real).all()
     with torch.no_grad():  # the unpadded draft's distribution over the real tokens (padding rows suppressed)
@@ -296,7 +328,9 @@ def test_script_wrapper_publishes(env, tmp_path):
     out = tmp_path / "via-script"
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "publish.py"), str(env.run), "--out", str(out), "--pad-vocab-to-target"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith(str(out))

@@ -20,8 +20,9 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 pytestmark = [
     pytest.mark.real,
-    pytest.mark.skipif(not (DRAFT_GGUF.is_file() and TARGET_GGUF.is_file()),
-                       reason=f"the real GGUF pair is not in {REAL_DIR}: fetch it with ../shared/tools/fetch-real-qwen"),
+    pytest.mark.skipif(
+        not (DRAFT_GGUF.is_file() and TARGET_GGUF.is_file()), reason=f"the real GGUF pair is not in {REAL_DIR}: fetch it with ../shared/tools/fetch-real-qwen"
+    ),
     pytest.mark.skipif(not GSM8K.is_dir(), reason=f"no GSM8K data in {GSM8K}"),
 ]
 
@@ -63,8 +64,7 @@ def test_greedy_speculative_decoding_of_the_real_pair_is_the_targets_own_in_floa
     decoder = SpeculativeDecoder(target, draft, num_draft_tokens=3, tokenizer=tokenizer, draft_tokenizer=tokenizer)
     accepted = proposed = 0
     for question in _questions("test", 3):
-        enc = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
         expected = target.generate(**enc, max_new_tokens=48, do_sample=False, eos_token_id=151_645, pad_token_id=151_643)
         out = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=48, eos_token_id=151_645, pad_token_id=151_643)
         assert out.sequences.tolist() == expected.tolist()
@@ -80,12 +80,24 @@ def test_three_lora_steps_of_the_real_draft_from_a_tiny_teacher_cache(tmp_path):
     rows = [json.loads(line) for line in (GSM8K / "train.jsonl").read_text().splitlines()[:6]]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["question"], "response": r["answer"]}) + "\n" for r in rows))
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "qwen2.5-coder-0.5b-from-1.5b-cpu.yaml", [
-        f"target.name_or_path={TARGET_GGUF}", f"draft.name_or_path={DRAFT_GGUF}", f"data.dataset={data}",
-        "data.adapter=prompt_response", "data.response_source=dataset", "data.num_samples=null", "data.max_length=384",
-        f"teacher.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}",
-        "training.max_steps=3", "training.per_device_train_batch_size=2", "training.save_steps=3", "training.logging_steps=1",
-    ])
+    recipe = load_recipe(
+        Path(__file__).resolve().parents[1] / "recipes" / "qwen2.5-coder-0.5b-from-1.5b-cpu.yaml",
+        [
+            f"target.name_or_path={TARGET_GGUF}",
+            f"draft.name_or_path={DRAFT_GGUF}",
+            f"data.dataset={data}",
+            "data.adapter=prompt_response",
+            "data.response_source=dataset",
+            "data.num_samples=null",
+            "data.max_length=384",
+            f"teacher.cache_dir={tmp_path / 'cache'}",
+            f"output_dir={tmp_path / 'run'}",
+            "training.max_steps=3",
+            "training.per_device_train_batch_size=2",
+            "training.save_steps=3",
+            "training.logging_steps=1",
+        ],
+    )
     cache_teacher(recipe)
     metrics = train(recipe)
     assert metrics["train_loss"] > 0

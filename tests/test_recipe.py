@@ -122,8 +122,7 @@ def test_lora_defaults():
 def test_yaml_file_errors_name_the_file_and_read_exponent_floats(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(
-        "output_dir: runs/x\ntarget: {name_or_path: t}\ndraft: {name_or_path: d}\ndata: {dataset: d.jsonl}\n"
-        "training: {max_steps: 5, learning_rate: 5e-5}\n"
+        "output_dir: runs/x\ntarget: {name_or_path: t}\ndraft: {name_or_path: d}\ndata: {dataset: d.jsonl}\ntraining: {max_steps: 5, learning_rate: 5e-5}\n"
     )
     assert load_recipe(good).training.learning_rate == 5e-5  # PyYAML alone would read the string '5e-5'
     bad = tmp_path / "bad.yaml"

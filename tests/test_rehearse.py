@@ -44,8 +44,10 @@ def test_check_ids_catches_padding_ids_and_missing_stops():
         check_ids([[5, 6]], "no stop", [], max_new_tokens=8)
 
 
-@pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").is_file() or not (GSM8K_DIR / "test.jsonl").is_file(),
-                    reason="needs ../shared/data/qwen2.5-tokenizer and ../shared/data/gsm8k")
+@pytest.mark.skipif(
+    not (TOKENIZER_DIR / "tokenizer.json").is_file() or not (GSM8K_DIR / "test.jsonl").is_file(),
+    reason="needs ../shared/data/qwen2.5-tokenizer and ../shared/data/gsm8k",
+)
 def test_quick_rehearsal_passes_on_the_real_tokenizer(tmp_path):
     """LoRA recipe, training data, GSM8K acceptance, the decoder, publish (padded and not) and the
     other-tokenizer refusals, each with its checks; a failed check raises RehearsalError."""

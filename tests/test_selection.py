@@ -16,12 +16,14 @@ from distill.train import build_trainer, main, train
 
 
 def test_selection_keeps_exactly_the_top_fraction_by_draft_minus_reference_loss():
-    mask = torch.tensor([[False, True, True, True, True, False],  # row 0: prompt, 4 response tokens, padding
-                         [False, False, True, True, True, True]])
-    draft = torch.tensor([[9.0, 0.5, 3.0, 1.0, 2.0, 9.0],
-                          [9.0, 9.0, 4.0, 0.2, 1.0, 5.0]])
-    reference = torch.tensor([[0.0, 0.4, 1.0, 1.0, 0.5, 0.0],
-                              [0.0, 0.0, 1.0, 0.1, 1.0, 1.0]])
+    mask = torch.tensor(
+        [
+            [False, True, True, True, True, False],  # row 0: prompt, 4 response tokens, padding
+            [False, False, True, True, True, True],
+        ]
+    )
+    draft = torch.tensor([[9.0, 0.5, 3.0, 1.0, 2.0, 9.0], [9.0, 9.0, 4.0, 0.2, 1.0, 5.0]])
+    reference = torch.tensor([[0.0, 0.4, 1.0, 1.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.1, 1.0, 1.0]])
     # gaps on the 8 response tokens: 0.1, 2.0, 0.0, 1.5 | 3.0, 0.1, 0.0, 4.0
     kept = select_tokens(draft, reference, mask, 0.5)
     assert kept.tolist() == [[False, False, True, False, True, False], [False, False, True, False, False, True]]
@@ -49,9 +51,18 @@ def tiny(tiny_run, tokenizer):
     """A saved target, a saved reference draft (a noisy copy of a small draft), 16 training and 4 eval examples."""
     from distill.tiny import tiny_qwen2
 
-    run = tiny_run("selection", train_rows=16, eval_rows=4, training={
-        "max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 2, "report_to": ["none"],
-    })
+    run = tiny_run(
+        "selection",
+        train_rows=16,
+        eval_rows=4,
+        training={
+            "max_steps": 2,
+            "per_device_train_batch_size": 4,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "report_to": ["none"],
+        },
+    )
     reference = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=5)
     reference.save_pretrained(run / "reference")
     tokenizer.save_pretrained(run / "reference")

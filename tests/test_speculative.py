@@ -11,8 +11,8 @@ import torch
 from transformers import GenerationConfig, Qwen2ForCausalLM
 
 import distill.speculative.loop as loop_module
-from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative import SpeculativeDecoder
+from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import sample
 from distill.tiny import build_tokenizer, noisy_copy, tiny_qwen2
 
@@ -20,10 +20,18 @@ from distill.tiny import build_tokenizer, noisy_copy, tiny_qwen2
 @pytest.fixture(scope="module")
 def pair(tokenizer):
     """An untied target (padded +32 rows) with diverse greedy output, and drafts of three kinds."""
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11,
-                        tie_word_embeddings=False, initializer_range=0.1)
-    small = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                       tokenizer=tokenizer, seed=12, tie_word_embeddings=False, initializer_range=0.1)
+    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11, tie_word_embeddings=False, initializer_range=0.1)
+    small = tiny_qwen2(
+        len(tokenizer) + 8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=12,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
     return target, {"small": small, "noisy": noisy_copy(target, 0.05, 13), "self": target}
 
 
@@ -40,9 +48,7 @@ def test_greedy_equals_target_generate(pair, tokenizer, examples, draft_kind, k,
     target, drafts = pair
     enc = _batch(tokenizer, examples, batch_size)
     expected = target.generate(**enc, max_new_tokens=24, do_sample=False)
-    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=k).generate(
-        enc["input_ids"], enc["attention_mask"], max_new_tokens=24
-    )
+    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=k).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
     assert out.sequences.tolist() == expected.tolist()
 
 
@@ -76,9 +82,7 @@ def test_max_new_tokens_is_never_overshot(pair, tokenizer, examples, max_new_tok
     target, drafts = pair
     enc = _batch(tokenizer, examples, batch_size)
     expected = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=5).generate(
-        enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens
-    )
+    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=5).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens)
     assert out.sequences.tolist() == expected.tolist()
     assert out.sequences.shape[1] == enc["input_ids"].shape[1] + max_new_tokens
 
@@ -88,9 +92,7 @@ def test_adaptive_k_keeps_greedy_identity_and_moves_k(pair, tokenizer, examples,
     target, drafts = pair
     enc = _batch(tokenizer, examples, 1)
     expected = target.generate(**enc, max_new_tokens=40, do_sample=False)
-    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=3, schedule="adaptive").generate(
-        enc["input_ids"], max_new_tokens=40
-    )
+    out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=3, schedule="adaptive").generate(enc["input_ids"], max_new_tokens=40)
     assert out.sequences.tolist() == expected.tolist()
     if draft_kind == "self":  # every round fully accepted: k must grow past its start
         assert len(out.stats.position_proposed) > 3
@@ -123,10 +125,8 @@ VOCAB = 6
 
 @pytest.fixture(scope="module")
 def small_vocab_pair():
-    target = tiny_qwen2(VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=21,
-                        tie_word_embeddings=False, initializer_range=0.5)
-    draft = tiny_qwen2(VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=22,
-                       tie_word_embeddings=False, initializer_range=0.5)
+    target = tiny_qwen2(VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=21, tie_word_embeddings=False, initializer_range=0.5)
+    draft = tiny_qwen2(VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=22, tie_word_embeddings=False, initializer_range=0.5)
     for m in (target, draft):
         m.generation_config.eos_token_id = None
         m.config.eos_token_id = m.config.pad_token_id = m.config.bos_token_id = None
@@ -208,6 +208,7 @@ def test_inverse_cdf_sampling_draws_each_token_at_its_probability():
 
 # --- ragged batches: every row keeps its own accepted length ---------------------------------
 
+
 def test_rows_keep_their_own_accepted_length(pair, tokenizer, examples, monkeypatch):
     """Rows whose accepted blocks differ almost every round each emit their own block plus one
     target token; the holes this leaves in the caches are squeezed out on a long run, and the
@@ -234,8 +235,7 @@ def test_compacting_after_every_round_leaves_the_output_unchanged(pair, tokenize
     calls = []
     monkeypatch.setattr(loop_module.SpecLoop, "_compaction_due", lambda self, shrink: calls.append(shrink) or True)
     expected = target.generate(**enc, max_new_tokens=40, do_sample=False)
-    out = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4, backend=backend).generate(
-        enc["input_ids"], enc["attention_mask"], max_new_tokens=40)
+    out = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4, backend=backend).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=40)
     assert out.sequences.tolist() == expected.tolist()
     assert len(calls) > 3
 
@@ -247,8 +247,9 @@ def test_holes_and_compaction_give_the_logits_of_a_cache_without_them(target, si
     side_cls = DynamicSide if side_kind == "dynamic" else StaticSide
     gen = torch.Generator().manual_seed(0)
     prompt, a, b, x = (torch.randint(3, 300, (2, n), generator=gen) for n in (4, 3, 3, 1))
-    expected = torch.stack([target(torch.cat([prompt[0], a[0, :1], b[0], x[0]])[None]).logits[0, -1],
-                            target(torch.cat([prompt[1], a[1], b[1, :1], x[1]])[None]).logits[0, -1]])
+    expected = torch.stack(
+        [target(torch.cat([prompt[0], a[0, :1], b[0], x[0]])[None]).logits[0, -1], target(torch.cat([prompt[1], a[1], b[1, :1], x[1]])[None]).logits[0, -1]]
+    )
     got = []
     for compact in (False, True):
         side = side_cls(target, 2, 64)
@@ -284,6 +285,7 @@ def test_sliding_window_models_advance_in_lockstep_and_stay_identical(tokenizer,
 
 
 # --- vocabularies and bad input --------------------------------------------------------------
+
 
 def test_different_embedding_sizes_work_and_padding_ids_are_fed_safely(tokenizer, examples):
     """Target padded +32 rows, draft +8 (7B vs 0.5B); a random target emits padding-row ids the

@@ -33,10 +33,18 @@ HAND_COSTS = Costs(target_step_s=0.01, draft_step_s=0.002, c=0.2, v={1: 1.0, 2: 
 @pytest.fixture(scope="module")
 def pair(tokenizer):
     """An untied target with diverse greedy output and a smaller draft, sharing the tokenizer's vocabulary."""
-    target = tiny_qwen2(len(tokenizer), hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21,
-                        tie_word_embeddings=False, initializer_range=0.1)
-    draft = tiny_qwen2(len(tokenizer), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer,
-                       seed=22, tie_word_embeddings=False, initializer_range=0.1)
+    target = tiny_qwen2(len(tokenizer), hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21, tie_word_embeddings=False, initializer_range=0.1)
+    draft = tiny_qwen2(
+        len(tokenizer),
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=22,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
     return target, draft
 
 
@@ -204,8 +212,26 @@ def test_synthetic_draft_refuses_a_batch_it_was_not_built_for(pair):
 def test_bench_runs_end_to_end_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     md = tmp_path / "benchmarks.md"
-    rc = main(["--ks", "1..2", "--synthetic-acceptance", "0.8", "--prompt-len", "16", "--num-prompts", "1",
-               "--max-new-tokens", "12", "--repeats", "2", "--json", str(out), "--markdown", str(md)])
+    rc = main(
+        [
+            "--ks",
+            "1..2",
+            "--synthetic-acceptance",
+            "0.8",
+            "--prompt-len",
+            "16",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "2",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert set(report["costs"]["v"]) == {"1", "2"} and report["costs"]["c"] > 0
@@ -223,14 +249,34 @@ def test_bench_runs_end_to_end_and_writes_json(tmp_path, capsys):
 def test_bench_builds_random_models_from_config_files(tmp_path, tokenizer, capsys):
     paths = []
     for name, hidden, layers in (("target", 64, 2), ("draft", 32, 1)):
-        config = tiny_qwen2(len(tokenizer), hidden_size=hidden, num_layers=layers, num_heads=2, num_kv_heads=1,
-                            tokenizer=tokenizer).config
+        config = tiny_qwen2(len(tokenizer), hidden_size=hidden, num_layers=layers, num_heads=2, num_kv_heads=1, tokenizer=tokenizer).config
         paths.append(tmp_path / f"{name}.json")
         config.to_json_file(paths[-1])
     out = tmp_path / "bench.json"
     # No --alpha and no synthetic runs: α is measured with the (random) draft on random-id prompts.
-    assert main(["--model-config-target", str(paths[0]), "--model-config-draft", str(paths[1]), "--ks", "1,3",
-                 "--prompt-len", "8", "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "2", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model-config-target",
+                str(paths[0]),
+                "--model-config-draft",
+                str(paths[1]),
+                "--ks",
+                "1,3",
+                "--prompt-len",
+                "8",
+                "--num-prompts",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--repeats",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["alpha_source"].startswith("measured with the real draft") and report["synthetic"] == []
     assert len(report["alphas"]) == 1 and 0.0 <= report["alphas"][0] <= 1.0
@@ -260,8 +306,8 @@ def test_the_old_home_still_exports_the_public_names():
     """Recipes and user code that import from distill.speedup keep working (docs/architecture.md)."""
     import distill.bench
     import distill.speculative.costs
-    import distill.synthetic
     import distill.speedup as old
+    import distill.synthetic
 
     homes = (distill.speculative.costs, distill.synthetic, distill.bench)
     for name in old.__all__:

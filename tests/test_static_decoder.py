@@ -15,25 +15,31 @@ import pytest
 import torch
 
 import distill.speculative.decoder as decoder_module
-import distill.speculative.loop as loop_module
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import measure_costs_static
 from distill.speculative.loop import SpecLoop, target_only_generate
 from distill.tiny import noisy_copy, tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
-DECISIONS = ("proposed", "accepted", "rounds", "new_tokens", "target_forwards", "sequence_forwards",
-             "position_proposed", "position_accepted")
+DECISIONS = ("proposed", "accepted", "rounds", "new_tokens", "target_forwards", "sequence_forwards", "position_proposed", "position_accepted")
 
 
 @pytest.fixture(scope="module")
 def pair(tokenizer):
     """An untied target padded +32 rows; drafts that are partly right, always right, and a smaller
     one padded +8 rows that the target's padding-row ids overflow."""
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11,
-                        tie_word_embeddings=False, initializer_range=0.1)
-    small = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                       tokenizer=tokenizer, seed=12, tie_word_embeddings=False, initializer_range=0.1)
+    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11, tie_word_embeddings=False, initializer_range=0.1)
+    small = tiny_qwen2(
+        len(tokenizer) + 8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=12,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
     return target, {"noisy": noisy_copy(target, 0.05, 13), "self": target, "small": small}
 
 
@@ -157,6 +163,7 @@ def test_measure_costs_static_times_every_step(pair):
 
 # --- graph capture: what torch allows on a CPU ---------------------------------------------
 
+
 def _dynamo_fullgraph(fn):
     """Trace fn as one graph (no breaks): a break is exactly what a host sync (.item(), .tolist(),
     data-dependent Python branching) causes, and what CUDA graph capture cannot contain."""
@@ -218,6 +225,7 @@ def test_graphed_loop_equals_eager_on_cuda(pair, tokenizer, examples):
 
 # --- the compiled draft (backend="compiled", the CPU fast path) ---------------------------------
 
+
 def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft(pair, tokenizer, examples):
     """The draft's k steps run as one inductor graph; the emitted tokens stay the target's own, and
     the decisions match the static loop's (the compiled draft proposes what the eager one does)."""
@@ -227,7 +235,8 @@ def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft
     compiled = SpeculativeDecoder(target, drafts["small"], num_draft_tokens=3, backend="compiled")
     out = compiled.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=16)
     static = SpeculativeDecoder(target, drafts["small"], num_draft_tokens=3, backend="static").generate(
-        enc["input_ids"], enc["attention_mask"], max_new_tokens=16)
+        enc["input_ids"], enc["attention_mask"], max_new_tokens=16
+    )
     reference = target.generate(**enc, max_new_tokens=16, do_sample=False)
     assert out.sequences.tolist() == static.sequences.tolist() == reference.tolist()
     assert [getattr(out.stats, d) for d in DECISIONS] == [getattr(static.stats, d) for d in DECISIONS]
@@ -237,6 +246,7 @@ def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft
 
 
 # --- backend choice and errors ---------------------------------------------------------------
+
 
 class _Recorder:
     """Stands in for SpecLoop in the decoder's namespace: records which caches were chosen."""
@@ -285,10 +295,17 @@ def test_bad_backends_are_refused(pair, tokenizer, examples):
 
 # --- the prepared GPU check, dry run -----------------------------------------------------------
 
+
 def test_gpu_check_cpu_smoke_runs_every_stage(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-smoke", "--deadline-s", "240", "--markdown", str(tmp_path / "b.md")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--cpu-smoke", "--deadline-s", "240", "--markdown", str(tmp_path / "b.md")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [s["status"] for s in report["stages"]] == ["ok"] * 7

@@ -20,10 +20,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def gsm8k_rows(n: int) -> list[dict]:
-    return [
-        {"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i:,}"}
-        for i in range(n)
-    ]
+    return [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i:,}"} for i in range(n)]
 
 
 def mmlu_rows(counts: dict[str, int]) -> list[dict]:
@@ -57,9 +54,7 @@ def example(reference: str) -> TaskExample:
 # --- GSM8K -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not (GSM8K_DIR / "test.jsonl").is_file(), reason=f"real GSM8K test set not found at {GSM8K_DIR}"
-)
+@pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").is_file(), reason=f"real GSM8K test set not found at {GSM8K_DIR}")
 def test_gsm8k_gold_of_every_real_test_item_parses_to_an_integer():
     path = GSM8K_DIR / "test.jsonl"
     raw = [json.loads(line) for line in path.read_text().splitlines()]
@@ -155,9 +150,7 @@ def test_seeded_sampling_is_reproducible_and_takes_everything_when_n_covers_the_
     everything = [f"gsm8k-file-{i}" for i in range(50)]
     assert ids(num_samples=50, seed=3) == ids(num_samples=500, seed=9) == ids(num_samples=None) == everything
     cnn = write_jsonl(tmp_path / "cnndm.jsonl", cnndm_rows(20))
-    assert [e.id for e in cnndm.load(data_file=cnn, num_samples=5, seed=2)] == [
-        e.id for e in cnndm.load(data_file=cnn, num_samples=5, seed=2)
-    ]
+    assert [e.id for e in cnndm.load(data_file=cnn, num_samples=5, seed=2)] == [e.id for e in cnndm.load(data_file=cnn, num_samples=5, seed=2)]
 
 
 def test_bad_inputs_are_refused_with_the_fix(tmp_path):
@@ -184,9 +177,7 @@ def test_parquet_and_json_files_load_like_jsonl(tmp_path):
     from_jsonl = mmlu.load(data_file=write_jsonl(tmp_path / "mmlu.jsonl", rows))
     for name in ("mmlu.parquet", "mmlu.json"):
         loaded = mmlu.load(data_file=tmp_path / name)
-        assert [(e.id, e.messages, e.reference) for e in loaded] == [
-            (e.id, e.messages, e.reference) for e in from_jsonl
-        ]
+        assert [(e.id, e.messages, e.reference) for e in loaded] == [(e.id, e.messages, e.reference) for e in from_jsonl]
 
 
 # --- MMLU --------------------------------------------------------------------------------------
@@ -300,9 +291,7 @@ def test_cnndm_loads_a_local_file_and_truncates_articles(tmp_path):
     examples = cnndm.load(data_file=path, max_article_words=5)
     assert [e.id for e in examples] == ["cnndm-h000", "cnndm-h001", "cnndm-h002", "cnndm-h003"]
     assert examples[2].reference == "Summary 2."
-    assert examples[2].messages == [
-        {"role": "user", "content": "Summarize the following news article in three sentences.\n\nArticle 2 w0 w1 w2"}
-    ]
+    assert examples[2].messages == [{"role": "user", "content": "Summarize the following news article in three sentences.\n\nArticle 2 w0 w1 w2"}]
     whole = cnndm.load(data_file=path, max_article_words=None)[2].messages[0]["content"]
     assert whole.endswith("w48 w49")
 

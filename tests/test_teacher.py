@@ -38,8 +38,13 @@ TOP_K = 8
 def tiny_dir(tiny_run):
     """A saved target (embedding padded +32 past the tokenizer), 10 training and 6 eval examples, and
     recipes that cache the teacher's top-k in <folder>/cache."""
-    run = tiny_run("teacher", train_rows=10, eval_rows=6, draft_vocab_pad=8,
-                   training={"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": ["none"]})
+    run = tiny_run(
+        "teacher",
+        train_rows=10,
+        eval_rows=6,
+        draft_vocab_pad=8,
+        training={"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": ["none"]},
+    )
     run.sections["teacher"] = {"mode": "cache", "cache_dir": str(run / "cache"), "top_k": TOP_K, "batch_size": 3}
     return run
 
@@ -136,10 +141,20 @@ def test_cached_sparse_loss_equals_online_sparse_loss(tiny_dir, saved_tokenizer,
     cached = load_recipe(tiny_dir.recipe(teacher={"cache_dir": str(cache_dir)}, loss={"top_k": TOP_K}))
     dataset = build_train_dataset(online.data, tokenizer)
     identity = cache_identity(online.target.name_or_path, None, tokenizer, dataset)
-    write_cache(target, dataset, cache_dirs(cache_dir)["train"], identity, top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, batch_size=3, shard_size=4, dtype=dtype)
+    write_cache(
+        target, dataset, cache_dirs(cache_dir)["train"], identity, top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, batch_size=3, shard_size=4, dtype=dtype
+    )
     finish_cache(cache_dirs(cache_dir)["train"])
     eval_ds = build_eval_dataset(online.data, tokenizer)
-    write_cache(target, eval_ds, cache_dirs(cache_dir)["eval"], cache_identity(online.target.name_or_path, None, tokenizer, eval_ds), top_k=TOP_K, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
+    write_cache(
+        target,
+        eval_ds,
+        cache_dirs(cache_dir)["eval"],
+        cache_identity(online.target.name_or_path, None, tokenizer, eval_ds),
+        top_k=TOP_K,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=dtype,
+    )
     finish_cache(cache_dirs(cache_dir)["eval"])
 
     t_online, t_cached = build_trainer(online), build_trainer(cached)
@@ -161,8 +176,9 @@ def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_
 
     tokenizer = saved_tokenizer
     gens = tmp_path / "generations.jsonl"
-    d = tiny_dir.recipe(teacher={"cache_dir": str(tmp_path / "cache")},
-                    data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 6})
+    d = tiny_dir.recipe(
+        teacher={"cache_dir": str(tmp_path / "cache")}, data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 6}
+    )
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(d))
     with pytest.raises(ValueError, match=r"not finished: run `distill cache-teacher RECIPE` first"):
@@ -199,15 +215,28 @@ def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_
     runs = {}
     for procs in (1, 2):
         root = tmp_path / f"p{procs}"
-        d = tiny_dir.recipe(teacher={"cache_dir": str(root / "cache")},
-                        data={"response_source": "target", "generation_cache": str(root / "gens.jsonl"), "generation_max_new_tokens": 6})
+        d = tiny_dir.recipe(
+            teacher={"cache_dir": str(root / "cache")},
+            data={"response_source": "target", "generation_cache": str(root / "gens.jsonl"), "generation_max_new_tokens": 6},
+        )
         (root).mkdir()
         (root / "recipe.yaml").write_text(yaml.safe_dump(d))
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", str(port),
-               "-m", "distill.cli", "cache-teacher", str(root / "recipe.yaml")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(procs),
+            "--master_port",
+            str(port),
+            "-m",
+            "distill.cli",
+            "cache-teacher",
+            str(root / "recipe.yaml"),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "true"}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
         assert run.returncode == 0, run.stderr[-3000:]
@@ -233,8 +262,9 @@ def test_under_zero3_seq_kd_reads_a_finished_generation_cache_or_says_to_make_on
     import distill.train as train_module
     from distill.data import generate_responses, load_examples
 
-    d = tiny_dir.recipe(teacher={"mode": "online"},
-                    data={"response_source": "target", "generation_cache": str(tmp_path / "gens.jsonl"), "generation_max_new_tokens": 6})
+    d = tiny_dir.recipe(
+        teacher={"mode": "online"}, data={"response_source": "target", "generation_cache": str(tmp_path / "gens.jsonl"), "generation_max_new_tokens": 6}
+    )
     monkeypatch.setattr(train_module, "_zero3", lambda: True)
     with pytest.raises(ValueError, match=r"ZeRO-3 partitions it.*run `distill cache-teacher RECIPE` first"):
         train_module.build_trainer(load_recipe(d))
@@ -255,8 +285,10 @@ def test_seq_kd_caching_keeps_the_generation_logits_instead_of_a_second_pass(tin
     from distill.topk_store import TopKStore, store_dir
 
     gens = tmp_path / "generations.jsonl"
-    d = tiny_dir.recipe(teacher={"cache_dir": str(tmp_path / "cache"), "top_k": TOP_K},
-                    data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 12})
+    d = tiny_dir.recipe(
+        teacher={"cache_dir": str(tmp_path / "cache"), "top_k": TOP_K},
+        data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 12},
+    )
     recipe = load_recipe(d)
     forwards = []
     real = teacher.teacher_logits
@@ -268,8 +300,9 @@ def test_seq_kd_caching_keeps_the_generation_logits_instead_of_a_second_pass(tin
 
     target = teacher.load_target(str(tiny_dir / "target"))
     dataset = build_train_dataset(recipe.data, saved_tokenizer, target=target)
-    again = write_cache(target, dataset, tmp_path / "forward", cache_identity("t", None, saved_tokenizer, dataset),
-                        top_k=TOP_K, pad_token_id=saved_tokenizer.pad_token_id)
+    again = write_cache(
+        target, dataset, tmp_path / "forward", cache_identity("t", None, saved_tokenizer, dataset), top_k=TOP_K, pad_token_id=saved_tokenizer.pad_token_id
+    )
     finish_cache(again)
     kept, forward = TeacherCache(cache_dirs(tmp_path / "cache")["train"]), TeacherCache(again)
     for i in range(len(dataset)):

@@ -38,10 +38,21 @@ def _chat(tokenizer, example: dict) -> str:
 def tiny_dir(tiny_run, tokenizer, target, draft, examples):
     """A target trained briefly on the corpus (so it has a distribution worth matching; embedding
     padded +32), a pretrained-draft directory (padded +8), 64 training and 16 eval examples."""
-    run = tiny_run("train", train_rows=64, eval_rows=16, draft_vocab_pad=8, training={
-        "max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler_type": "constant",
-        "logging_steps": 1, "save_steps": 100, "report_to": ["none"],
-    })
+    run = tiny_run(
+        "train",
+        train_rows=64,
+        eval_rows=16,
+        draft_vocab_pad=8,
+        training={
+            "max_steps": 4,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-2,
+            "lr_scheduler_type": "constant",
+            "logging_steps": 1,
+            "save_steps": 100,
+            "report_to": ["none"],
+        },
+    )
     tok = AutoTokenizer.from_pretrained(run / "target")  # as every run loads it
     model = copy.deepcopy(target).train()
     enc = tok([_chat(tok, e) for e in examples], add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
@@ -77,8 +88,10 @@ def test_distillation_raises_heldout_expected_acceptance(tiny_dir):
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()
-    print(f"held-out expected acceptance {before['eval_expected_acceptance']:.3f} -> {after['eval_expected_acceptance']:.3f}, "
-          f"top-1 agreement {before['eval_top1_agreement']:.3f} -> {after['eval_top1_agreement']:.3f}")
+    print(
+        f"held-out expected acceptance {before['eval_expected_acceptance']:.3f} -> {after['eval_expected_acceptance']:.3f}, "
+        f"top-1 agreement {before['eval_top1_agreement']:.3f} -> {after['eval_top1_agreement']:.3f}"
+    )
     assert 0 <= before["eval_expected_acceptance"] <= 1 and 0 <= before["eval_top1_agreement"] <= 1
     assert after["eval_loss"] < before["eval_loss"]
     assert after["eval_expected_acceptance"] > before["eval_expected_acceptance"] + 0.1
@@ -227,9 +240,18 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
     cmd = [
-        accelerate, "launch", "--config_file", str(REPO / f"recipes/accelerate/{stage}.yaml"),
-        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
-        str(REPO / "scripts/train.py"), str(tiny_dir / f"{stage}.yaml"),
+        accelerate,
+        "launch",
+        "--config_file",
+        str(REPO / f"recipes/accelerate/{stage}.yaml"),
+        "--num_processes",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        str(REPO / "scripts/train.py"),
+        str(tiny_dir / f"{stage}.yaml"),
     ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -243,7 +265,16 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
 def test_prepare_tiny_writes_what_tiny_cpu_recipe_trains_on(tmp_path):
     from distill.prepare_tiny import prepare
 
-    small = {"train_examples": 120, "eval_examples": 16, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64, "steps": 3}
+    small = {
+        "train_examples": 120,
+        "eval_examples": 16,
+        "hidden_size": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "intermediate_size": 64,
+        "steps": 3,
+    }
     info = prepare(tmp_path / "tiny", **small)
     target_dir = tmp_path / "tiny" / "target"
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -92,8 +92,7 @@ class DynamicSide(_Side):
             self.columns = torch.arange(self.valid.shape[1], device=self.valid.device)
         ids, positions = self._inputs(ids, positions)
         mask = self.valid[:, :end].long() if self.holes else None
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
-                         use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.length = end
         return out.logits
 
@@ -146,8 +145,9 @@ class StaticSide(_Side):
         mask = torch.zeros(seen.shape, dtype=self.cache.layers[0].keys.dtype, device=ids.device)
         mask.masked_fill_(~seen, self.masked)
         ids, positions = self._inputs(ids, positions)
-        out = self.model(input_ids=ids, attention_mask={"full_attention": mask[:, None]}, position_ids=positions,
-                         cache=self.cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(
+            input_ids=ids, attention_mask={"full_attention": mask[:, None]}, position_ids=positions, cache=self.cache, use_cache=True, logits_to_keep=keep
+        )
         self.length += ids.shape[1]
         return out.logits
 

@@ -98,8 +98,10 @@ def resolve_backend(backend: str, *models: PreTrainedModel) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "compiled":
-        raise ValueError("the speedup model times the eager and static loops' steps, not compiled drafts: "
-                         "use backend='static' or 'eager' here (scripts/bench_decode.py times backend='compiled')")
+        raise ValueError(
+            "the speedup model times the eager and static loops' steps, not compiled drafts: "
+            "use backend='static' or 'eager' here (scripts/bench_decode.py times backend='compiled')"
+        )
     if backend != "auto":
         return backend
     fits = not any(static_problem(m, "model") for m in models)
@@ -181,14 +183,29 @@ def measure_costs(
                 times[name].append(elapsed)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     t, d = med["target"], med["draft"]
-    return Costs(target_step_s=t, draft_step_s=d, c=d / t, v={k: med[k] / t for k in ks}, device=str(device),
-                 dtype=dtype_name(target.dtype), prompt_len=prompt_len, repeats=repeats)
+    return Costs(
+        target_step_s=t,
+        draft_step_s=d,
+        c=d / t,
+        v={k: med[k] / t for k in ks},
+        device=str(device),
+        dtype=dtype_name(target.dtype),
+        prompt_len=prompt_len,
+        repeats=repeats,
+    )
 
 
 @torch.inference_mode()
-def measure_costs_static(target: PreTrainedModel, draft: PreTrainedModel, ks: Iterable[int] = range(1, 9),
-                         prompt_len: int = 128, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                         graphs: bool | None = None) -> Costs:
+def measure_costs_static(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    ks: Iterable[int] = range(1, 9),
+    prompt_len: int = 128,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    graphs: bool | None = None,
+) -> Costs:
     """c and v(k) of the static loop's own steps on a warm cache of `prompt_len` tokens: a one-token
     draft step, a one-token target step and the target's (k+1)-token verify, each replayed as a
     CUDA graph where available (`graphs`: default on CUDA); medians of `repeats` interleaved timings
@@ -216,6 +233,7 @@ def measure_costs_static(target: PreTrainedModel, draft: PreTrainedModel, ks: It
         def run() -> None:
             sink.copy_(side.forward(tokens[:, :n], positions[:, prompt_len : prompt_len + n], keep=n)[:, -1].argmax(-1))
             side.length -= n  # back to prompt_len: every replay sees the same warm cache
+
         return run
 
     jobs = [("target", sides["target"], 1), ("draft", sides["draft"], 1)] + [(k, sides["target"], k + 1) for k in ks]
@@ -234,5 +252,13 @@ def measure_costs_static(target: PreTrainedModel, draft: PreTrainedModel, ks: It
                 times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     t, d = med["target"], med["draft"]
-    return Costs(target_step_s=t, draft_step_s=d, c=d / t, v={k: med[k] / t for k in ks}, device=str(device),
-                 dtype=str(next(target.parameters()).dtype).removeprefix("torch."), prompt_len=prompt_len, repeats=repeats)
+    return Costs(
+        target_step_s=t,
+        draft_step_s=d,
+        c=d / t,
+        v={k: med[k] / t for k in ks},
+        device=str(device),
+        dtype=str(next(target.parameters()).dtype).removeprefix("torch."),
+        prompt_len=prompt_len,
+        repeats=repeats,
+    )

@@ -97,8 +97,9 @@ class SpeculativeDecoder:
         cache = "static" if self._uses_static() else "dynamic"
         if cache not in self._loops:
             self._loops[cache] = SpecLoop.for_decoder(self, cache)
-        return self._loops[cache].generate(input_ids, mask, max_new_tokens, eos, pad, start, do_sample=do_sample,
-                                           temperature=temperature, top_p=top_p, generator=generator)
+        return self._loops[cache].generate(
+            input_ids, mask, max_new_tokens, eos, pad, start, do_sample=do_sample, temperature=temperature, top_p=top_p, generator=generator
+        )
 
     def _uses_static(self) -> bool:
         auto = self.backend == "auto" and self._static_ok and graphs_available(self.device)
@@ -114,9 +115,7 @@ class SpeculativeDecoder:
         if (mask.sum(-1) == 0).any():
             raise ValueError("a prompt is empty (its attention_mask is all zeros): give every row at least one token")
         if input_ids.shape[1] > self.context:
-            raise ValueError(
-                f"prompt of {input_ids.shape[1]} tokens exceeds the models' context of {self.context}: truncate it"
-            )
+            raise ValueError(f"prompt of {input_ids.shape[1]} tokens exceeds the models' context of {self.context}: truncate it")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if temperature <= 0:

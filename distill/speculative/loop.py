@@ -35,10 +35,20 @@ class SpecLoop:
     alone through the same steps, the fair baseline of the graphed loop. Static buffers and graphs
     are kept between calls of the same batch size whose length fits."""
 
-    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, num_draft_tokens: int,
-                 schedule: str = "constant", vocab_size: int | None = None, draft_rows: int | None = None,
-                 context: int = 1 << 30, cache: str = "static", graphs: bool | None = None,
-                 compile_draft: bool = False, ragged: bool = True):
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | None,
+        num_draft_tokens: int,
+        schedule: str = "constant",
+        vocab_size: int | None = None,
+        draft_rows: int | None = None,
+        context: int = 1 << 30,
+        cache: str = "static",
+        graphs: bool | None = None,
+        compile_draft: bool = False,
+        ragged: bool = True,
+    ):
         if cache not in ("dynamic", "static"):
             raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
         self.static = cache == "static"
@@ -72,9 +82,19 @@ class SpecLoop:
         module, so its type is not named here)."""
         rows = decoder.draft_rows if decoder.draft_rows < decoder.target_vocab else None
         compiled = decoder.backend == "compiled"
-        return cls(decoder.target, decoder.draft, decoder.num_draft_tokens, decoder.schedule_name, decoder.vocab_size,
-                   rows, decoder.context, cache=cache, graphs=False if compiled else None, compile_draft=compiled,
-                   ragged=decoder.ragged)
+        return cls(
+            decoder.target,
+            decoder.draft,
+            decoder.num_draft_tokens,
+            decoder.schedule_name,
+            decoder.vocab_size,
+            rows,
+            decoder.context,
+            cache=cache,
+            graphs=False if compiled else None,
+            compile_draft=compiled,
+            ragged=decoder.ragged,
+        )
 
     @property
     def captures(self) -> int:
@@ -170,8 +190,7 @@ class SpecLoop:
         """One round: [kept, n, top, emitted...] per row (read in the round's one host sync), and
         the seconds the draft steps and the verify took."""
         if self.sampling:
-            self.uniforms[:, : 2 * k + 1].copy_(torch.rand(self.uniforms.shape[0], 2 * k + 1, generator=self.generator,
-                                                           device=self.device))
+            self.uniforms[:, : 2 * k + 1].copy_(torch.rand(self.uniforms.shape[0], 2 * k + 1, generator=self.generator, device=self.device))
         clock = Clock(self.device)
         if k:
             self.runner.run(("draft", k, self.sampling), lambda: self._draft_fn(k), self._state)
@@ -213,9 +232,19 @@ class SpecLoop:
         return first
 
     @torch.inference_mode()
-    def generate(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 eos: list[int], pad: int, start: float | None = None, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> SpecOutput:
+    def generate(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        eos: list[int],
+        pad: int,
+        start: float | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> SpecOutput:
         """Generation of checked inputs (see SpeculativeDecoder.generate); `start` is when the call
         began, for TTFT and wall time."""
         start = time.perf_counter() if start is None else start
@@ -305,9 +334,14 @@ class SpecLoop:
         return shrink >= max(16, size // 4)
 
 
-def target_only_generate(target: PreTrainedModel, input_ids: torch.LongTensor, max_new_tokens: int,
-                         eos_token_id: int | list[int] | None = None, pad_token_id: int = 0,
-                         loop: SpecLoop | None = None) -> SpecOutput:
+def target_only_generate(
+    target: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    max_new_tokens: int,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int = 0,
+    loop: SpecLoop | None = None,
+) -> SpecOutput:
     """Greedy decoding with the target alone through the static loop's graphed step (k = 0): the
     baseline against which the graphed speculative loop's speedup is measured. Pass `loop` (built
     with `SpecLoop(target, None, 0)`) to reuse its captured graph across calls."""

@@ -33,12 +33,13 @@ def static_problem(model: PreTrainedModel, role: str) -> str | None:
     """Why the static cache cannot serve `model` (the `role` it plays), with the fix; None if it can."""
     kinds = layer_kinds(model)
     if kinds != {"full_attention"}:
-        return (f"the static backend needs full attention in every layer, but the {role} has {sorted(kinds)}: "
-                "use backend='eager' (sliding-window layers)")
+        return f"the static backend needs full attention in every layer, but the {role} has {sorted(kinds)}: use backend='eager' (sliding-window layers)"
     attn = getattr(model.config, "_attn_implementation", None) or "eager"
     if attn not in _ATTENTION:
-        return (f"the static backend passes an explicit attention mask, which {attn!r} attention does not take: "
-                f"load the {role} with attn_implementation='sdpa' or use backend='eager'")
+        return (
+            f"the static backend passes an explicit attention mask, which {attn!r} attention does not take: "
+            f"load the {role} with attn_implementation='sdpa' or use backend='eager'"
+        )
     return None
 
 

@@ -81,8 +81,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         """All counts and derived figures, JSON-ready."""
         out = asdict(self)
-        for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_target_forward",
-                     "per_position_acceptance", "tpot_s", "tokens_per_s"):
+        for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_target_forward", "per_position_acceptance", "tpot_s", "tokens_per_s"):
             out[name] = getattr(self, name)
         return out
 

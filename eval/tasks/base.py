@@ -70,18 +70,12 @@ def load_rows(
             raise FileNotFoundError(f"data file {str(path)!r} does not exist; pass an existing file")
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(
-                f"data file {str(path)!r} has an unsupported suffix {path.suffix!r}; "
-                f"use one of {sorted(_FILE_BUILDERS)}"
-            )
+            raise ValueError(f"data file {str(path)!r} has an unsupported suffix {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}")
         ds = datasets.load_dataset(builder, data_files=str(path), split="train")
         source = str(path)
     missing = [c for c in columns if c not in ds.column_names]
     if missing:
-        raise ValueError(
-            f"{source} lacks column(s) {missing}; it has {ds.column_names}. The file needs the "
-            f"same columns as {hub_id}: {list(columns)}"
-        )
+        raise ValueError(f"{source} lacks column(s) {missing}; it has {ds.column_names}. The file needs the same columns as {hub_id}: {list(columns)}")
     if len(ds) == 0:
         raise ValueError(f"{source} has no rows")
     return ds

@@ -85,10 +85,7 @@ def load(
         row = ds[index]
         gold = extract_strict(row["answer"])
         if gold is None:
-            raise ValueError(
-                f"GSM8K row {index} has no '#### <number>' gold answer in its 'answer' column: "
-                f"{row['answer'][-80:]!r}"
-            )
+            raise ValueError(f"GSM8K row {index} has no '#### <number>' gold answer in its 'answer' column: {row['answer'][-80:]!r}")
         examples.append(
             TaskExample(
                 id=f"gsm8k-{split if data_file is None else 'file'}-{index}",

@@ -24,10 +24,7 @@ MAX_NEW_TOKENS = 16
 METRIC_NAME = "accuracy"
 LETTERS = "ABCD"
 
-HEADER = (
-    "The following are multiple choice questions about {subject}. "
-    "Answer with the letter (A, B, C or D) of the correct option."
-)
+HEADER = "The following are multiple choice questions about {subject}. Answer with the letter (A, B, C or D) of the correct option."
 
 # "The answer is (B)", "Answer: B", "answer is B." ...
 _EXPLICIT = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*)?:?\s*\(?([A-D])\b")
@@ -97,9 +94,7 @@ def _answer_letter(row: dict) -> str:
 def format_question(row: dict) -> str:
     """The question followed by its lettered options and "Answer:"."""
     if len(row["choices"]) != len(LETTERS):
-        raise ValueError(
-            f"MMLU rows need exactly 4 choices, got {len(row['choices'])}: {row['question'][:60]!r}"
-        )
+        raise ValueError(f"MMLU rows need exactly 4 choices, got {len(row['choices'])}: {row['question'][:60]!r}")
     options = "\n".join(f"{letter}. {choice}" for letter, choice in zip(LETTERS, row["choices"]))
     return f"{row['question'].strip()}\n{options}\nAnswer:"
 
