@@ -34,6 +34,7 @@ GGUF_EXTRA = "pip install 'distill[gguf]' (or: pip install gguf)"
 # Qwen2.5-Instruct's stop and pad ids: a GGUF carries them in its metadata; a converted folder writes them explicitly.
 QWEN_EOS, QWEN_PAD = 151645, 151643
 CONFIG_FILES = ("config.json", "adapter_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # a tokenizer-only folder (load_tokenizer)
 T = TypeVar("T")
 
 
@@ -69,10 +70,11 @@ class ModelSource:
         return {"revision": revision} if self.kind == "hub" and revision else {}
 
 
-def resolve(ref: str | os.PathLike) -> ModelSource:
+def resolve(ref: str | os.PathLike, *, also: Sequence[str] = ()) -> ModelSource:
     """Classify `ref`; a training output folder resolves to its `draft/`. A local-looking path that
-    does not exist, a folder with no model in it or a GGUF without its magic bytes is refused here,
-    before anything loads (a missing folder would otherwise reach the Hub client as a bad repo id)."""
+    does not exist, a folder with no model in it (nor any of the files `also` names) or a GGUF
+    without its magic bytes is refused here, before anything loads (a missing folder would
+    otherwise reach the Hub client as a bad repo id)."""
     text = os.fspath(ref)
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf":
@@ -85,6 +87,8 @@ def resolve(ref: str | os.PathLike) -> ModelSource:
             return ModelSource(text, "folder", str(path))
         if any((path / "draft" / f).is_file() for f in CONFIG_FILES):
             return ModelSource(text, "folder", str(path / "draft"))
+        if any((path / f).is_file() for f in also):
+            return ModelSource(text, "folder", str(path))
         raise ModelLoadError(
             f"{text}: the folder holds no model (no config.json, adapter_config.json or draft/ with one); "
             "point at a model folder, a training output_dir or a .gguf file"
@@ -136,6 +140,11 @@ def _guarded(source: ModelSource, what: str, load: Callable[[], T]) -> T:
         torn = _unreadable_weights(Path(source.path)) if isinstance(err, SafetensorError) else None
         if torn is not None:
             raise ModelLoadError(f"{torn}: the {what}'s weights are unreadable ({message}): the file is truncated or damaged; copy or save it again") from None
+        if "trust_remote_code" in str(err):  # the folder ships code to run: name the switch, which the clipped message may cut
+            raise ModelLoadError(
+                f"{source.path}: the {what} loads only by running the code its folder ships ({message}); pass trust_remote_code=True "
+                "(in a recipe, trust_remote_code: true under target or draft) only if you trust that code"
+            ) from None
         raise ModelLoadError(f"{source.path}: cannot load the {what} ({message}); check the folder's files or rewrite them") from None
 
 
@@ -209,7 +218,7 @@ def load_tokenizer(ref: str | os.PathLike, *, revision: str | None = None, trust
     """The tokenizer of any reference, padding with EOS when it defines no pad token."""
     from transformers import AutoTokenizer
 
-    source = resolve(ref)
+    source = resolve(ref, also=TOKENIZER_FILES)
     tokenizer = _guarded(source, what, lambda: AutoTokenizer.from_pretrained(source.location, trust_remote_code=trust_remote_code, **source.kwargs(revision)))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
