@@ -334,7 +334,12 @@ class Rehearsal:
             "the loss starts right after `<|im_start|>assistant\\n` (prompt masked)",
             checks,
         )
-        check(all(r["labels"][-1] == IM_END for r in rows), "every response ends with <|im_end|> (151645) in the labels", checks)
+        cut = recipe.data.generation_max_new_tokens
+        check(
+            all(r["labels"][-1] == IM_END or sum(x != -100 for x in r["labels"]) >= cut or len(r["input_ids"]) >= recipe.data.max_length for r in rows),
+            f"every response ends with <|im_end|> (151645) in the labels, or runs to the {cut}-token generation limit verbatim",
+            checks,
+        )
         self.steps.append(Step("training data", "distill.data.build_train_dataset on the LoRA recipe's data", time.perf_counter() - start, None, checks))
 
     def train_steps(self) -> None:

@@ -6,6 +6,12 @@ and sampled (temperature 0.7) under `distill.speculative` on held-out test quest
 held-out 1 − TVD, training time (target generations included) and acceptance gained per second.
 
     OMP_NUM_THREADS=1 python scripts/bench_recipes.py --rows 7473 --target-steps 1000 --steps 400
+    OMP_NUM_THREADS=1 python scripts/bench_recipes.py --adaspec 0.2 0.4 0.6     # AdaSPEC against the winner
+
+`--adaspec F ...` trains selective distillation (distill.selection) at each kept fraction F, with the
+grid's winner, forward KL on target responses, as the reference (trained first when it is not yet),
+and writes the `bench_adaspec` section instead: the winner and the AdaSPEC drafts side by side, the
+reference's training time added to each AdaSPEC draft's.
 
 Finished drafts are kept in <work>/recipes/results.json and skipped on a rerun with the same
 settings (`--only` trains a subset). Prints the table with its command, rewrites the
@@ -55,6 +61,7 @@ DIVERGENCES = {
     "JSD β = 0.5": {"divergence": "jsd", "beta": 0.5},
     "TVD": {"divergence": "tvd"},
 }
+WINNER = "forward KL · target responses"  # the grid's best recipe (docs/benchmarks.md, bench_recipes): AdaSPEC's reference
 HEADER = [
     "recipe",
     "steps",
@@ -92,6 +99,19 @@ def recipe_grid(base: dict[str, Any], work: Path, steps: int, generation_max_new
             slug = f"{source_name.split()[0]}-{div['divergence']}".lower()
             grid[f"{div_name} · {source_name}"] = one(slug, {**div, "divergence_weight": 1.0, "ce_weight": 0.0}, source)
     return grid
+
+
+def adaspec_grid(grid: dict[str, dict[str, Any]], keeps: Sequence[float], work: Path) -> dict[str, dict[str, Any]]:
+    """AdaSPEC recipes: the winner's recipe, its loss on the `keep` fraction of tokens that its own
+    trained draft (the reference) shows are learnable."""
+    reference = str(Path(grid[WINNER]["output_dir"]) / "draft")
+    out = {}
+    for keep in keeps:
+        recipe = copy.deepcopy(grid[WINNER])
+        recipe["output_dir"] = str(work / f"adaspec-{keep:g}")
+        recipe["loss"]["token_selection"] = {"reference": reference, "keep_fraction": keep}
+        out[f"AdaSPEC keep {keep:g} · target responses"] = recipe
+    return out
 
 
 def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> float:
@@ -198,8 +218,10 @@ def run_recipe(
     prompts: list[torch.Tensor],
     args: argparse.Namespace,
     generation_s: float,
+    reference_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Train one draft from scratch (its output_dir is replaced) and measure it greedy and sampled."""
+    """Train one draft from scratch (its output_dir is replaced) and measure it greedy and sampled;
+    `generation_s` and `reference_s` (an AdaSPEC reference's training) count as its training time."""
     out = Path(recipe["output_dir"])
     shutil.rmtree(out, ignore_errors=True)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -217,9 +239,10 @@ def run_recipe(
         "sampled_acceptance_rate": sample["acceptance_rate"],
         "sampled_tokens_per_target_forward": sample["tokens_per_target_forward"],
         "held_out_expected_acceptance": held_out_tvd(recipe, out / "draft", test_file, args.eval_samples),
-        "train_wall_s": wall + generation_s,
-        "train_cpu_s": cpu + generation_s,
+        "train_wall_s": wall + generation_s + reference_s,
+        "train_cpu_s": cpu + generation_s + reference_s,
         "generation_s": generation_s,
+        "reference_s": reference_s,
     }
 
 
@@ -329,6 +352,25 @@ def notes(
     return "\n".join(lines)
 
 
+def adaspec_notes(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    """What the AdaSPEC table measured, and the best against the reference."""
+    best = max(results, key=lambda n: results[n]["acceptance_rate"])
+    ref = results[WINNER]
+    return "\n".join(
+        [
+            f"- best greedy: **{best}**, acceptance {results[best]['acceptance_rate']:.3f} against the reference's {ref['acceptance_rate']:.3f} "
+            f"({100 * (results[best]['acceptance_rate'] - ref['acceptance_rate']):+.1f} points); sampled (T = {args.temperature}) "
+            f"{results[best]['sampled_acceptance_rate']:.3f} against {ref['sampled_acceptance_rate']:.3f}",
+            "",
+            f"The reference is the grid's winner ({WINNER}, the bench_recipes section: same tiny pair, data, init, {args.steps} steps, seed). "
+            "Each AdaSPEC draft trains from the same init on the same target responses with the same budget, its forward KL taken per "
+            "batch on the kept fraction of response tokens with the largest (draft − reference) loss; its training time includes the "
+            "reference's training (and the target's generations, as for the reference). Acceptance as in bench_recipes: k = "
+            f"{args.k}, the first {args.prompts} test.jsonl questions, {args.max_new_tokens} new tokens, greedy and sampled at T = {args.temperature}.",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python scripts/bench_recipes.py [options]`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -346,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.7, help="sampled decoding's temperature")
     parser.add_argument("--seed", type=int, default=0, help="sampled decoding's seed")
     parser.add_argument("--only", nargs="+", metavar="RECIPE", help="train only these recipes (names as in the table)")
+    parser.add_argument("--adaspec", nargs="+", type=float, metavar="KEEP", help="measure AdaSPEC at these kept fractions against the winner")
     parser.add_argument("--work", default=str(REPO / "runs" / "gsm8k"))
     parser.add_argument("--docs", type=Path, default=DOCS, help="the benchmarks file whose section is rewritten")
     parser.add_argument("--plot", type=Path, default=PLOT, help="where the acceptance-vs-time plot goes")
@@ -357,24 +400,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.work).resolve() / "recipes"
     work.mkdir(parents=True, exist_ok=True)
     grid = recipe_grid(base, work, args.steps, args.generation_max_new_tokens, args.on_policy_max_new_tokens)
+    adaspec = adaspec_grid(grid, args.adaspec, work) if args.adaspec else {}
+    grid |= adaspec
     unknown = sorted(set(args.only or []) - set(grid))
     if unknown:
         parser.error(f"unknown recipes {unknown}: choose from {sorted(grid)}")
     prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(Path(args.gsm8k_dir) / "test.jsonl", args.prompts)])
-    settings = {k: v for k, v in vars(args).items() if k not in ("only", "docs", "plot")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("only", "docs", "plot", "adaspec")}
     results_path = work / "results.json"
     saved = json.loads(results_path.read_text()) if results_path.exists() else {}
     results = saved.get("results", {}) if saved.get("settings") == json.loads(json.dumps(settings, default=str)) else {}
     generation_s = None
-    for name in args.only or grid:
+    wanted = [WINNER, *adaspec] if adaspec else args.only or [n for n in grid if n not in adaspec]
+    for name in wanted:
         if name in results:
             continue
         recipe = grid[name]
         if recipe["data"].get("response_source") == "target" and generation_s is None:
             generation_s = target_generations(recipe, target, tokenizer)
         print(f"--- {name}", flush=True)
-        results[name] = run_recipe(recipe, target, tokenizer, prompts, args, generation_s if recipe["data"].get("response_source") == "target" else 0.0)
+        before = results[WINNER]["train_cpu_s"] - results[WINNER]["generation_s"] if name in adaspec else 0.0  # the reference's training
+        results[name] = run_recipe(recipe, target, tokenizer, prompts, args, generation_s if recipe["data"].get("response_source") == "target" else 0.0, before)
         _write_json(results_path, {"settings": json.loads(json.dumps(settings, default=str)), "results": results})
+    if adaspec:
+        shown = {n: results[n] for n in wanted}
+        table = markdown_table(HEADER, rows_for(shown))
+        report(
+            "bench_adaspec",
+            "Selective distillation (AdaSPEC) against its reference (GSM8K tiny pair)",
+            command_line(argv),
+            table,
+            adaspec_notes(shown, args),
+            args.docs,
+        )
+        print(f"({time.perf_counter() - started:.0f} s)")
+        return 0
     plot_path = plot(results, args.plot)
     table = markdown_table(HEADER, rows_for(results))
     report(

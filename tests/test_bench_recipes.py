@@ -114,3 +114,28 @@ def test_study_smoke_run_writes_table_plot_and_resumes(bench, tmp_path):
     before = draft.stat().st_mtime_ns
     assert bench.main(argv) == 0  # a rerun with the same settings measures nothing again
     assert draft.stat().st_mtime_ns == before
+    # AdaSPEC against the winner, which the run above already trained (the reference is reused, not retrained)
+    reference = work / "recipes" / "target-forward_kl" / "draft" / "model.safetensors"
+    before = reference.stat().st_mtime_ns
+    adaspec = [a for a in argv if a not in ("--only", *only)] + ["--adaspec", "0.5", "1"]
+    assert bench.main(adaspec) == 0
+    assert reference.stat().st_mtime_ns == before
+    results = json.loads((work / "recipes" / "results.json").read_text())["results"]
+    winner = results[bench.WINNER]
+    for keep in ("0.5", "1"):
+        row = results[f"AdaSPEC keep {keep} · target responses"]
+        assert row["greedy_identity"] == 1.0 and row["reference_s"] == pytest.approx(winner["train_cpu_s"] - winner["generation_s"])
+        assert row["train_cpu_s"] > row["reference_s"] + row["generation_s"]
+    text = docs.read_text()
+    assert text.count("<!-- bench_adaspec -->") == 1 and "AdaSPEC keep 0.5 · target responses" in text
+
+
+def test_adaspec_recipes_are_the_winner_with_its_draft_as_reference(bench, base, tmp_path):
+    grid = bench.recipe_grid(base, tmp_path, steps=7, generation_max_new_tokens=32, on_policy_max_new_tokens=16)
+    adaspec = {name: load_recipe(r) for name, r in bench.adaspec_grid(grid, [0.2, 0.4], tmp_path).items()}
+    winner = load_recipe(grid[bench.WINNER])
+    assert list(adaspec) == ["AdaSPEC keep 0.2 · target responses", "AdaSPEC keep 0.4 · target responses"]
+    for keep, r in zip((0.2, 0.4), adaspec.values()):
+        assert r.loss.token_selection.keep_fraction == keep and r.loss.token_selection.reference == f"{winner.output_dir}/draft"
+        assert (r.data, r.training, r.draft, r.seed) == (winner.data, winner.training, winner.draft, winner.seed)
+        assert r.output_dir != winner.output_dir
