@@ -6,8 +6,9 @@ measured speedup (optionally for several k, next to the speedup predicted from t
         --draft distilled=runs/kd --tasks gsm8k,mmlu,cnndm --dtype bfloat16 --ks 1,2,4,6,8
 
 Every generate call is journalled to <output-dir>/records.jsonl as it finishes, so a stopped run
-started again with the same settings resumes where it stopped. report.json, report.md and the
-PNG plots are rebuilt from that journal and written atomically.
+started again with the same settings resumes where it stopped, and a draft added to a finished run
+(or a retrained one) costs only its own calls. report.json, report.md and the PNG plots are rebuilt
+from that journal and written atomically.
 """
 
 from __future__ import annotations
@@ -85,18 +86,35 @@ class Settings:
         return self.temperature > 0
 
     def fingerprint(self) -> str:
-        """A hash of the settings that change a measurement (not where the output goes), and of the
-        local files behind them, so a retrained draft or an edited data file is measured afresh."""
-        keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", "draft_alone")}  # alone: added calls only
-        sources = [self.target, *(d.path for d in self.drafts), *self.data_files.values()]
+        """A hash of the settings that change every measurement (not where the output goes, nor which
+        drafts: each draft's calls carry `draft_stamp`), and of the local files behind them, so an
+        edited data file is measured afresh while a draft added to a finished run costs its calls only."""
+        calls_only = ("drafts", "draft_alone", "ks", "sweep_samples")  # these add or leave out calls, each keyed by its system and k
+        keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", *calls_only)}
+        sources = [self.target, *self.data_files.values()]
         keyed["files"] = {src: _stamp(Path(src)) for src in sources if Path(src).exists()}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
+    def draft_stamp(self, name: str) -> str:
+        """A hash of one draft's path and files: a retrained or replaced draft is measured afresh."""
+        path = next(d.path for d in self.drafts if d.name == name)
+        stamp = [path, _stamp(Path(path)) if Path(path).exists() else None]
+        return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]
+
+
+HASHED_BYTES = 64 << 20  # files up to this size are stamped by content, larger ones (weights) by size and time
+
 
 def _stamp(path: Path) -> list:
-    """Size and modification time of a local file, or of every file under a folder."""
+    """The content hash of each small file (a data file or config copied or remounted keeps its stamp),
+    and size and modification time of each large one, for a local file or every file under a folder."""
     files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
-    return [(str(f.relative_to(path)) if f != path else f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+
+    def one(f: Path) -> tuple:
+        size = f.stat().st_size
+        return (size, hashlib.sha256(f.read_bytes()).hexdigest()) if size <= HASHED_BYTES else (size, f.stat().st_mtime_ns)
+
+    return [(str(f.relative_to(path)) if f != path else f.name, *one(f)) for f in files]
 
 
 def parse_drafts(values: Iterable[str]) -> list[DraftSource]:
@@ -283,7 +301,7 @@ def _quality(task: Task, texts: list[str], examples: list[TaskExample]) -> dict[
 
 class Journal:
     """Append-only JSONL of finished generate calls, keyed; reloaded when the settings match,
-    started afresh (the old one replaced) when they do not."""
+    started afresh (the old one moved aside, not lost) when they do not."""
 
     def __init__(self, path: Path, fingerprint: str):
         self.path, self.records = path, {}
@@ -294,7 +312,11 @@ class Journal:
             except json.JSONDecodeError:
                 head = {}
             if head.get("fingerprint") != fingerprint:
-                print(f"distill accept: {path} holds a run with other settings or files; starting afresh", file=sys.stderr)
+                kept = path.with_name(f"{path.stem}.{head.get('fingerprint', 'unknown')}{path.suffix}")
+                path.replace(kept)
+                print(
+                    f"distill accept: {path} holds a run with other settings or files; starting afresh (the old journal kept as {kept.name})", file=sys.stderr
+                )
             else:
                 for line in lines[1:]:
                     try:
@@ -305,7 +327,6 @@ class Journal:
         if not self.records:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-        self.resumed = len(self.records)
 
     def get(self, key: str) -> dict | None:
         return self.records.get(key)
@@ -510,8 +531,10 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
             plan += [(name, b, idx, who, k) for who, k in jobs]
 
     journal = Journal(Path(settings.output_dir) / JOURNAL, settings.fingerprint())
-    if journal.resumed:
-        print(f"distill accept: resuming, {journal.resumed} of {len(plan)} generate calls already in {journal.path}", file=sys.stderr)
+    stamps = {d.name: settings.draft_stamp(d.name) for d in settings.drafts}
+    keys = [f"{name}|{b}|{who}|{k}" + ("" if who == "target" else f"|{stamps[who.removeprefix(ALONE)]}") for name, b, idx, who, k in plan]
+    if done := sum(journal.get(key) is not None for key in keys):
+        print(f"distill accept: resuming, {done} of {len(plan)} generate calls already in {journal.path}", file=sys.stderr)
     load = MachineLoad().start()
     warm_up = tensors(settings.tasks[0], [0])  # kernels, allocator and caches, outside the timed calls
     warm = Decoding(min(4, max_new[settings.tasks[0]]), settings.do_sample, settings.temperature, settings.top_p, eos, pad)
@@ -519,8 +542,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     for decoder in decoders.values():
         speculative_generate(decoder, warm_up, warm, settings.seed)
 
-    for name, b, idx, who, k in tqdm(plan, desc="accept", unit="call", dynamic_ncols=True):
-        key = f"{name}|{b}|{who}|{k}"
+    for key, (name, b, idx, who, k) in zip(keys, tqdm(plan, desc="accept", unit="call", dynamic_ncols=True)):
         if journal.get(key) is None:
             batch, seed = tensors(name, idx), settings.seed + b
             if who == "target" or who.startswith(ALONE):
@@ -529,13 +551,14 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
                 result = speculative_generate(decoders[(who, k)], batch, decoding[name], seed)
             journal.add(key, {"task": name, "batch": b, "examples": idx, "system": who, "k": k, **result})
 
-    report = build_report(settings, examples, journal.records, tokenizer, _environment(settings, device, command), draft_paths)
+    records = {key: journal.get(key) for key in keys}  # this run's calls (a journal may hold other drafts' too)
+    report = build_report(settings, examples, records, tokenizer, _environment(settings, device, command), draft_paths)
     if not settings.do_sample:  # each greedy mismatch: where it starts and how close the target's choice was
         for d, entry in report["drafts"].items():
             for name, row in entry["tasks"].items():
                 ids = {ex.id: i for i, ex in enumerate(examples[name])}
-                base = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == "target")
-                spec = _outputs(r for r in journal.records.values() if r["task"] == name and r["system"] == d and r["k"] == k0)
+                base = _outputs(r for r in records.values() if r["task"] == name and r["system"] == "target")
+                spec = _outputs(r for r in records.values() if r["task"] == name and r["system"] == d and r["k"] == k0)
                 row["mismatches"] = [
                     {"example": e, **first_difference(target, encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)} for e in row["differing_examples"]
                 ]

@@ -13,7 +13,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from distill.eval.acceptance import DraftSource, Settings, main, parse_drafts, trim
+from distill.eval.acceptance import DraftSource, Journal, Settings, main, parse_drafts, trim
 from distill.eval.tasks import get_task
 from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
@@ -258,6 +258,39 @@ def test_second_run_resumes_from_the_journal(setup, greedy_run):
             assert again["drafts"][name]["tasks"][task]["speedup"] == row["speedup"]
 
 
+def test_a_draft_added_to_a_finished_run_costs_only_its_own_calls(setup, greedy_run):
+    """Comparing one more draft reuses the journalled target-only and draft calls; the new draft's
+    calls are added, and the report shows all three, the first two's figures unchanged."""
+    import shutil
+
+    root, files = setup
+    _, out, first = greedy_run
+    added = root / "added"
+    shutil.copytree(out, added)
+    before = (added / "records.jsonl").read_text().splitlines()
+    args = _args(root, files, added, "--ks", "1", "--draft-alone")
+    args[args.index("--draft") : args.index("--draft") + 2] = ["--draft", f"small={root / 'draft'}", "--draft", f"copy={root / 'draft'}"]
+    assert main(args) == 0
+    after = (added / "records.jsonl").read_text().splitlines()
+    assert after[: len(before)] == before
+    new = [json.loads(line) for line in after[len(before) :]]
+    assert new and {r["system"] for r in new} == {"copy", "alone:copy"}
+    report = json.loads((added / "report.json").read_text())
+    assert set(report["drafts"]) == {"small", "copy", "self"}
+    for task, row in first["drafts"]["small"]["tasks"].items():
+        assert report["drafts"]["small"]["tasks"][task]["speedup"] == row["speedup"]
+        assert report["drafts"]["copy"]["tasks"][task]["acceptance_rate"] == row["acceptance_rate"]  # the same weights
+
+
+def test_a_journal_of_other_settings_is_moved_aside_not_lost(tmp_path):
+
+    old = Journal(tmp_path / "records.jsonl", "aaaa")
+    old.add("gsm8k|0|target|None", {"new": [[1, 2]]})
+    fresh = Journal(tmp_path / "records.jsonl", "bbbb")
+    assert fresh.get("gsm8k|0|target|None") is None
+    assert Journal(tmp_path / "records.aaaa.jsonl", "aaaa").get("gsm8k|0|target|None") == {"key": "gsm8k|0|target|None", "new": [[1, 2]]}
+
+
 def test_retrained_draft_or_edited_data_is_measured_afresh(tmp_path):
     (tmp_path / "draft").mkdir()
     weights = tmp_path / "draft" / "model.safetensors"
@@ -268,11 +301,13 @@ def test_retrained_draft_or_edited_data_is_measured_afresh(tmp_path):
     before = settings.fingerprint()
     assert Settings(**{**vars(settings), "output_dir": "elsewhere"}).fingerprint() == before
     assert Settings(**{**vars(settings), "seed": 1}).fingerprint() != before
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
-    assert settings.fingerprint() != before
-    retrained = settings.fingerprint()
+    stamp = settings.draft_stamp("kd")
+    weights.write_bytes(b"retrained")
+    assert settings.draft_stamp("kd") != stamp and settings.fingerprint() == before  # only the retrained draft's calls are redone
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 1))
+    assert settings.fingerprint() == before  # a data file copied or remounted, not edited: its calls are kept
     data.write_text("{}\n{}\n")
-    assert settings.fingerprint() != retrained
+    assert settings.fingerprint() != before
 
 
 def test_sampling_reports_quality_and_acceptance_not_identity(setup):

@@ -201,6 +201,40 @@ def test_seq_kd_recipe_trains_from_the_cache_without_the_target(tiny_dir, saved_
         build_trainer(load_recipe(d))
 
 
+def test_distill_train_builds_a_missing_seq_kd_cache_then_trains_in_one_command(tiny_dir, saved_tokenizer, tmp_path):
+    """`distill train RECIPE` with teacher.mode cache and no cache yet generates the target's responses,
+    keeps their top-k (no second pass), finishes the cache and trains from it, as the two commands do."""
+    from distill.train import main as train_main
+
+    gens = tmp_path / "generations.jsonl"
+    d = tiny_dir.recipe(
+        teacher={"cache_dir": str(tmp_path / "cache")},
+        data={"response_source": "target", "generation_cache": str(gens), "generation_max_new_tokens": 6},
+    )
+    d["output_dir"] = str(tmp_path / "run")
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(yaml.safe_dump(d))
+    assert train_main([str(recipe_path)]) == 0
+    records = [json.loads(line) for line in gens.read_text().splitlines()]
+    assert len(records) == 15 and all(r["response_ids"] for r in records)
+    for split, rows in (("train", 10), ("eval", 6)):
+        assert TeacherCache(cache_dirs(tmp_path / "cache")[split]).manifest["num_examples"] == rows
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert info["global_step"] == 2 and (tmp_path / "run" / "draft" / "config.json").is_file()
+
+    two = tmp_path / "two"  # the same recipe as two commands: the same generations
+    d2 = {
+        **d,
+        "output_dir": str(two / "run"),
+        "teacher": {**d["teacher"], "cache_dir": str(two / "cache")},
+        "data": {**d["data"], "generation_cache": str(two / "g.jsonl")},
+    }
+    two.mkdir()
+    (two / "recipe.yaml").write_text(yaml.safe_dump(d2))
+    assert main([str(two / "recipe.yaml")]) == 0
+    assert [json.loads(line) for line in (two / "g.jsonl").read_text().splitlines()] == records
+
+
 def test_two_processes_share_the_seq_kd_generation_and_write_the_single_process_cache(tiny_dir, saved_tokenizer, tmp_path):
     """`distill cache-teacher` in 2 CPU processes (torchrun, gloo): each process answers
     its share of the prompts (no process waits on one doing them all), and the merged generation cache
