@@ -183,6 +183,7 @@ def _plain(model: PreTrainedModel, source: ModelSource) -> PreTrainedModel:
     that makes `save_pretrained` refuse it ("quantized with gguf and is not serializable")."""
     if source.kind == "gguf":
         model.hf_quantizer = None
+        model.is_quantized = False  # else Trainer refuses it as "quantized with None" (a LoRA on a .gguf draft)
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.config._name_or_path = source.path

@@ -58,7 +58,7 @@ def test_references_resolve_to_hub_ids_folders_training_outputs_and_gguf_files(t
 def test_a_gguf_loads_as_a_plain_model_with_its_tokenizer(gguf_file, tiny, tokenizer, tmp_path):
     model = load_model(gguf_file, dtype="float32")
     torch.testing.assert_close(_logits(model), _logits(tiny), rtol=0, atol=0)  # float32 tensors: the same model
-    assert model.hf_quantizer is None and not hasattr(model.config, "quantization_config")
+    assert model.hf_quantizer is None and not model.is_quantized and not hasattr(model.config, "quantization_config")  # trainable, saveable
     model.save_pretrained(tmp_path / "saved")  # the "quantized with gguf and is not serializable" trap is gone
     tok = load_tokenizer(gguf_file)
     text = "anna has 3 apples and gets 4 more ."
