@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from distill import losses
 from distill.recipe import RecipeError, load_recipe
 from distill.selection import select_tokens, token_losses
 from distill.teacher import cache_teacher
@@ -44,6 +45,27 @@ def test_token_losses_are_the_divergence_of_each_masked_token():
     t, s = torch.log_softmax(teacher, -1), torch.log_softmax(student, -1)
     expected = (t.exp() * (t - s)).sum(-1) * mask
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("signal", ["dense", "top-k cache"])
+@pytest.mark.parametrize("name", losses.DIVERGENCES)
+def test_token_losses_average_to_the_training_loss_for_every_divergence(name, signal):
+    """Selection ranks tokens by the very loss the draft trains on: the per-token values, averaged
+    over the mask, are the trainer's loss, for every divergence, dense or from the teacher cache."""
+    torch.manual_seed(1)
+    student, teacher = torch.randn(2, 5, 12), torch.randn(2, 5, 12)
+    mask = torch.tensor([[False, True, True, True, False], [True, True, False, True, True]])
+    options = dict(temperature=2.0, beta=0.3, vocab_size=12)
+    if signal == "dense":
+        given = {"teacher_logits": teacher}
+        mean = losses.divergence(name, student, teacher, mask, **options)
+    else:
+        top = torch.log_softmax(teacher, -1).topk(4, dim=-1)
+        given = {"teacher_topk_ids": top.indices, "teacher_topk_logprobs": top.values}
+        mean = losses.sparse_divergence(name, student, top.indices, top.values, mask, **options)
+    per_token = token_losses(name, lambda sel: student[sel], given, mask, chunk_size=3, **options)
+    assert (per_token[~mask] == 0).all() and (per_token[mask] > 0).all()
+    torch.testing.assert_close(per_token.sum() / mask.sum(), mean)
 
 
 @pytest.fixture(scope="module")

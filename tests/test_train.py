@@ -228,14 +228,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("stage", ["zero2", pytest.param("zero3", marks=pytest.mark.slow)])
-def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
+@pytest.mark.parametrize(
+    ("stage", "selective"), [("zero2", False), ("zero2", True), pytest.param("zero3", False, marks=pytest.mark.slow)], ids=["zero2", "zero2-adaspec", "zero3"]
+)
+def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage, selective):
     """A few steps of the recipe under `accelerate launch` with the shipped DeepSpeed config (CPU
-    overrides: one process, no mixed precision) give the plain run's losses."""
+    overrides: one process, no mixed precision) give the plain run's losses; with AdaSPEC token
+    selection (the pretrained draft as reference) too."""
     pytest.importorskip("deepspeed")
     sections = {"training": {"max_steps": 3, "save_steps": 3}, "data": {"eval_split": None}}
-    if not (tiny_dir / "plain").exists():
-        train(load_recipe(tiny_dir.recipe("plain", **sections)))
+    if selective:
+        sections["loss"] = {"token_selection": {"reference": str(tiny_dir / "draft"), "keep_fraction": 0.5}}
+    plain, stage = ("plain-adaspec", f"{stage}-adaspec") if selective else ("plain", stage)
+    if not (tiny_dir / plain).exists():
+        train(load_recipe(tiny_dir.recipe(plain, **sections)))
     (tiny_dir / f"{stage}.yaml").write_text(yaml.safe_dump(tiny_dir.recipe(stage, **sections)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
@@ -243,7 +249,7 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
         accelerate,
         "launch",
         "--config_file",
-        str(REPO / f"recipes/accelerate/{stage}.yaml"),
+        str(REPO / f"recipes/accelerate/{stage.removesuffix('-adaspec')}.yaml"),
         "--num_processes",
         "1",
         "--mixed_precision",
@@ -258,7 +264,11 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage):
     assert json.loads((tiny_dir / stage / "run_info.json").read_text())["deepspeed"] is True
     loss = _first_loss(tiny_dir / stage)
     assert 0 < loss < float("inf")
-    assert loss == pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-4)
+    assert loss == pytest.approx(_first_loss(tiny_dir / plain), rel=1e-4)
+    if selective:
+        assert _first_loss(tiny_dir / plain) != pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-3)  # the selection was applied
+        history = json.loads((tiny_dir / stage / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+        assert all(h["kept_fraction"] == pytest.approx(0.5, abs=0.02) for h in history if "loss" in h)
     assert AutoModelForCausalLM.from_pretrained(tiny_dir / stage / "draft").config.vocab_size == tiny_dir.recipe(stage)["draft"]["config"]["vocab_size"]
 
 
