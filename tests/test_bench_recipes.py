@@ -128,6 +128,7 @@ def test_study_smoke_run_writes_table_plot_and_resumes(bench, tmp_path):
         assert row["train_cpu_s"] > row["reference_s"] + row["generation_s"]
     text = docs.read_text()
     assert text.count("<!-- bench_adaspec -->") == 1 and "AdaSPEC keep 0.5 · target responses" in text
+    assert f"| reference: {bench.WINNER} | 2 | " in text and " pts | " in text  # the reference first, the others as points over it
 
 
 def test_adaspec_recipes_are_the_winner_with_its_draft_as_reference(bench, base, tmp_path):
