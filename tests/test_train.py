@@ -237,19 +237,18 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage, selective):
     selection (the pretrained draft as reference) too."""
     pytest.importorskip("deepspeed")
     sections = {"training": {"max_steps": 3, "save_steps": 3}, "data": {"eval_split": None}}
+    plain, name = _plain_run(tiny_dir, "plain", sections), stage
     if selective:
         sections["loss"] = {"token_selection": {"reference": str(tiny_dir / "draft"), "keep_fraction": 0.5}}
-    plain, stage = ("plain-adaspec", f"{stage}-adaspec") if selective else ("plain", stage)
-    if not (tiny_dir / plain).exists():
-        train(load_recipe(tiny_dir.recipe(plain, **sections)))
-    (tiny_dir / f"{stage}.yaml").write_text(yaml.safe_dump(tiny_dir.recipe(stage, **sections)))
+        plain, name = _plain_run(tiny_dir, "plain-adaspec", sections), f"{stage}-adaspec"
+    (tiny_dir / f"{name}.yaml").write_text(yaml.safe_dump(tiny_dir.recipe(name, **sections)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable)) or "accelerate"
     cmd = [
         accelerate,
         "launch",
         "--config_file",
-        str(REPO / f"recipes/accelerate/{stage.removesuffix('-adaspec')}.yaml"),
+        str(REPO / f"recipes/accelerate/{stage}.yaml"),
         "--num_processes",
         "1",
         "--mixed_precision",
@@ -257,19 +256,26 @@ def test_deepspeed_run_matches_the_plain_run(tiny_dir, stage, selective):
         "--main_process_port",
         str(_free_port()),
         str(REPO / "scripts/train.py"),
-        str(tiny_dir / f"{stage}.yaml"),
+        str(tiny_dir / f"{name}.yaml"),
     ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads((tiny_dir / stage / "run_info.json").read_text())["deepspeed"] is True
-    loss = _first_loss(tiny_dir / stage)
+    assert json.loads((tiny_dir / name / "run_info.json").read_text())["deepspeed"] is True
+    loss = _first_loss(tiny_dir / name)
     assert 0 < loss < float("inf")
-    assert loss == pytest.approx(_first_loss(tiny_dir / plain), rel=1e-4)
+    assert loss == pytest.approx(_first_loss(plain), rel=1e-4)
     if selective:
-        assert _first_loss(tiny_dir / plain) != pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-3)  # the selection was applied
-        history = json.loads((tiny_dir / stage / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+        assert _first_loss(plain) != pytest.approx(_first_loss(tiny_dir / "plain"), rel=1e-3)  # the selection was applied
+        history = json.loads((tiny_dir / name / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
         assert all(h["kept_fraction"] == pytest.approx(0.5, abs=0.02) for h in history if "loss" in h)
-    assert AutoModelForCausalLM.from_pretrained(tiny_dir / stage / "draft").config.vocab_size == tiny_dir.recipe(stage)["draft"]["config"]["vocab_size"]
+    assert AutoModelForCausalLM.from_pretrained(tiny_dir / name / "draft").config.vocab_size == tiny_dir.recipe(name)["draft"]["config"]["vocab_size"]
+
+
+def _plain_run(tiny_dir, name: str, sections: dict) -> Path:
+    """The one-process run `name` of the recipe with `sections`, trained once per module."""
+    if not (tiny_dir / name).exists():
+        train(load_recipe(tiny_dir.recipe(name, **sections)))
+    return tiny_dir / name
 
 
 def test_prepare_tiny_writes_what_tiny_cpu_recipe_trains_on(tmp_path):
