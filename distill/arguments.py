@@ -11,7 +11,7 @@ TASK_NAMES = ["cnndm", "gsm8k", "mmlu"]
 
 
 def add_set_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--set KEY=VALUE` option (repeatable) that `distill.recipe.load_recipe(..., overrides)` applies."""
+    """The `--set KEY=VALUE` option (repeatable) that `distill.training.recipe.load_recipe(..., overrides)` applies."""
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -145,8 +145,8 @@ def _memory(p: argparse.ArgumentParser) -> None:
 
 def _prepare_tiny(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/tiny", help="output directory (tiny-cpu.yaml reads runs/tiny)")
-    p.add_argument("--steps", type=int, help="target training steps (default: distill.prepare_tiny.DEFAULTS, 300)")
-    p.add_argument("--seed", type=int, help="default: distill.prepare_tiny.DEFAULTS, 0")
+    p.add_argument("--steps", type=int, help="target training steps (default: distill.commands.prepare_tiny.DEFAULTS, 300)")
+    p.add_argument("--seed", type=int, help="default: distill.commands.prepare_tiny.DEFAULTS, 0")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is already there")
 
 
@@ -163,16 +163,16 @@ def _convert_gguf(p: argparse.ArgumentParser) -> None:
 
 # verb -> (module whose main() runs it, one line of help, its arguments)
 COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] = {
-    "demo": ("distill.demo", "the whole pipeline end to end on tiny models built here", _demo),
-    "train": ("distill.train", "train a draft from a recipe (run under `accelerate launch` for GPUs)", _train),
-    "cache-teacher": ("distill.teacher", "run the target once and cache its top-k log-probs", _cache_teacher),
+    "demo": ("distill.commands.demo", "the whole pipeline end to end on tiny models built here", _demo),
+    "train": ("distill.training.train", "train a draft from a recipe (run under `accelerate launch` for GPUs)", _train),
+    "cache-teacher": ("distill.training.teacher", "run the target once and cache its top-k log-probs", _cache_teacher),
     "accept": ("distill.eval.acceptance", "acceptance, speedup and task quality of drafts under a target", _accept),
-    "bench": ("distill.bench", "measure c and v(k), predict speedup, pick the best k", _bench),
-    "publish": ("distill.publish", "write (and optionally upload) a ready draft checkpoint", _publish),
-    "rehearse": ("distill.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer", _rehearse),
-    "memory": ("distill.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)", _memory),
-    "convert-gguf": ("distill.models", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)", _convert_gguf),
-    "prepare-tiny": ("distill.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on", _prepare_tiny),
+    "bench": ("distill.commands.bench", "measure c and v(k), predict speedup, pick the best k", _bench),
+    "publish": ("distill.commands.publish", "write (and optionally upload) a ready draft checkpoint", _publish),
+    "rehearse": ("distill.commands.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer", _rehearse),
+    "memory": ("distill.commands.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)", _memory),
+    "convert-gguf": ("distill.commands.convert_gguf", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)", _convert_gguf),
+    "prepare-tiny": ("distill.commands.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on", _prepare_tiny),
 }
 
 

@@ -33,14 +33,13 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.generation.streamers import BaseStreamer
 
 from distill.arguments import default_device, parser, quiet_cpu_deepspeed
+from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
+from distill.common.provenance import MachineLoad, versions, warn
+from distill.common.vocab import check_tokenizers_agree
 from distill.eval.report import write_outputs
 from distill.eval.tasks import TASKS, Task, TaskExample, get_task
-from distill.machine_load import MachineLoad, warn
-from distill.models import ModelLoadError, load_model, load_tokenizer, resolve
-from distill.provenance import versions
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
-from distill.vocab import check_tokenizers_agree
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 JOURNAL = "records.jsonl"

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from distill.docs import markdown_table, write_section
-from distill.machine_load import MachineLoad, describe, warn
-from distill.models import load_model, load_tokenizer
+from distill.common.docs import markdown_table, write_section
+from distill.common.models import load_model, load_tokenizer
+from distill.common.provenance import MachineLoad, describe, warn
 from distill.speculative import SpeculativeDecoder
 
 
@@ -28,7 +28,7 @@ def demo_pair(demo_dir: Path) -> tuple[Path, Path, Path]:
     """Target, KL-distilled draft and held-out prompts of a `distill demo` run, running it if absent."""
     target, draft, prompts = demo_dir / "tiny" / "target", demo_dir / "drafts" / "KL-distilled" / "draft", demo_dir / "tiny" / "eval.jsonl"
     if not (target / "config.json").exists() or not (draft / "config.json").exists():
-        from distill.demo import run
+        from distill.commands.demo import run
 
         print(f"no demo pair in {demo_dir}: running `distill demo --out {demo_dir}` first")
         run(demo_dir)

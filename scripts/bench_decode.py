@@ -18,11 +18,11 @@ from collections import defaultdict
 
 import torch
 
-from distill.docs import markdown_table, write_section
-from distill.machine_load import MachineLoad, describe, warn
-from distill.models import load_model, load_tokenizer
+from distill.common.docs import markdown_table, write_section
+from distill.common.models import load_model, load_tokenizer
+from distill.common.provenance import MachineLoad, describe, warn
+from distill.common.tiny import make_examples, random_pair
 from distill.speculative import SpeculativeDecoder
-from distill.tiny import make_examples, random_pair
 
 
 def default_pair(seed: int = 0):

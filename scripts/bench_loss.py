@@ -1,6 +1,6 @@
 """Peak memory and time of one distillation-loss forward+backward: the unchunked computation
-(full student logits from hidden @ lm_head.T, then `distill.losses.distillation_loss`) against
-`distill.losses.fused_divergence` (student logits one chunk of tokens at a time).
+(full student logits from hidden @ lm_head.T, then `distill.training.losses.distillation_loss`) against
+`distill.training.losses.fused_divergence` (student logits one chunk of tokens at a time).
 
 Each variant runs in its own fresh child process so their peaks cannot mix: on CPU the peak is
 the child's RSS high-water mark (ru_maxrss), on CUDA `torch.cuda.max_memory_allocated`.
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from distill.losses import DIVERGENCES, distillation_loss, fused_divergence
+from distill.training.losses import DIVERGENCES, distillation_loss, fused_divergence
 
 MIB = 2**20
 

@@ -8,7 +8,7 @@ held-out 1 − TVD, training time (target generations included) and acceptance g
     OMP_NUM_THREADS=1 python scripts/bench_recipes.py --rows 7473 --target-steps 1000 --steps 400
     OMP_NUM_THREADS=1 python scripts/bench_recipes.py --adaspec 0.2 0.4 0.6     # AdaSPEC against the winner
 
-`--adaspec F ...` trains selective distillation (distill.selection) at each kept fraction F, with the
+`--adaspec F ...` trains selective distillation (distill.training.selection) at each kept fraction F, with the
 grid's winner, forward KL on target responses, as the reference (trained first when it is not yet),
 and writes the `bench_adaspec` section instead: the winner and the AdaSPEC drafts side by side, the
 reference's training time added to each AdaSPEC draft's.
@@ -39,13 +39,13 @@ from transformers import PreTrainedTokenizerBase
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import DOCS, GSM8K_DIR, REPO, chat_prompts, gsm8k_pair, read_jsonl, report  # noqa: E402
 
-from distill.data import generate_responses, load_examples  # noqa: E402
-from distill.demo import measure  # noqa: E402
-from distill.docs import markdown_table  # noqa: E402
-from distill.models import load_model  # noqa: E402
-from distill.recipe import load_recipe  # noqa: E402
+from distill.commands.demo import measure  # noqa: E402
+from distill.common.docs import markdown_table  # noqa: E402
+from distill.common.models import load_model  # noqa: E402
 from distill.speculative import SpeculativeDecoder  # noqa: E402
-from distill.train import build_trainer, train  # noqa: E402
+from distill.training.data import generate_responses, load_examples  # noqa: E402
+from distill.training.recipe import load_recipe  # noqa: E402
+from distill.training.train import build_trainer, train  # noqa: E402
 
 PLOT = REPO / "docs" / "recipes-acceptance.png"
 CE = "cross-entropy (dataset responses)"
@@ -116,7 +116,7 @@ def adaspec_grid(grid: dict[str, dict[str, Any]], keeps: Sequence[float], work: 
 
 def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> float:
     """Generate (once) the target's responses the target-source recipes train on, into their
-    generation cache, exactly as `distill.data` would; returns the seconds that first generation
+    generation cache, exactly as `distill.training.data` would; returns the seconds that first generation
     took (kept beside the cache, so a rerun still reports it)."""
     spec = load_recipe(recipe).data
     timing = Path(f"{spec.generation_cache}.seconds.json")

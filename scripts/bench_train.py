@@ -27,15 +27,14 @@ import torch
 import yaml
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 
-from distill.demo import measure
-from distill.docs import markdown_table, write_section
-from distill.machine_load import MachineLoad, describe, warn
-from distill.models import load_model, load_tokenizer
-from distill.prepare_tiny import DEFAULTS as TINY_DEFAULTS
-from distill.prepare_tiny import prepare, saved_tokenizer, train_target
-from distill.provenance import versions
-from distill.recipe import load_recipe
-from distill.train import train
+from distill.commands.demo import measure
+from distill.commands.prepare_tiny import DEFAULTS as TINY_DEFAULTS
+from distill.commands.prepare_tiny import prepare, saved_tokenizer, train_target
+from distill.common.docs import markdown_table, write_section
+from distill.common.models import load_model, load_tokenizer
+from distill.common.provenance import MachineLoad, describe, versions, warn
+from distill.training.recipe import load_recipe
+from distill.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -194,7 +193,7 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
 def gsm8k_target(rows: list[dict[str, Any]], out: Path, settings: dict[str, Any]) -> Path:
     """A tiny target with a tokenizer built on GSM8K train text, trained briefly with CE on it,
     saved to `out`/target (reused when its settings match)."""
-    from distill.tiny import build_tokenizer
+    from distill.common.tiny import build_tokenizer
 
     target_dir = out / "target"
     info_path = out / "target_info.json"

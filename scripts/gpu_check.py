@@ -6,7 +6,7 @@ draft shapes (recipes/model_configs/, no download), bf16:
   1. bf16 greedy identity of the graphed and eager loops against target-only decoding, of all prompts
      as one ragged batch through the graphed loop, and a sampled graphed run of that batch;
   2. c and v(k), k = 1..8, of the graphed steps and of the eager forwards;
-  3. the verification loop at synthetic acceptance α (distill.synthetic's SyntheticDraft and
+  3. the verification loop at synthetic acceptance α (distill.commands.synthetic's SyntheticDraft and
      run_synthetic), graphed and eager, against target-only decoding through the same path;
   4. the table: measured vs predicted speedup, eager vs graphed, and the check that the graphed
      loop lands within 10% of its prediction for α >= 0.7. Printed last, written to
@@ -187,9 +187,9 @@ def stage_identity(models: dict, args, results: dict) -> dict:
     """bf16 greedy identity on the natural random weights: each loop against target-only decoding."""
     import torch
 
+    from distill.commands.synthetic import greedy_decode
     from distill.speculative import SpeculativeDecoder
     from distill.speculative.loop import SpecLoop, target_only_generate
-    from distill.synthetic import greedy_decode
 
     target, draft = models["target"], models["0.5b"]
     shared = min(target.get_input_embeddings().num_embeddings, draft.get_input_embeddings().num_embeddings)
@@ -257,7 +257,7 @@ def stage_costs(models: dict, args, mode: str, results: dict) -> dict:
 
 def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock: Clock, results: dict) -> None:
     """run_synthetic for each draft and α through one backend, against that backend's baseline."""
-    from distill.synthetic import run_synthetic, target_baseline
+    from distill.commands.synthetic import run_synthetic, target_baseline
 
     target = models["target"]
     prompts = prompts_for(args, args.shared, args.num_prompts if mode == "static" else args.eager_prompts, seed=11)
@@ -281,7 +281,7 @@ def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock:
 
 
 def render(results: dict, args) -> str:
-    from distill.docs import markdown_table
+    from distill.common.docs import markdown_table
 
     env = results["environment"]
     label = "static" if args.cpu_smoke else "graphed"
@@ -356,7 +356,7 @@ def render(results: dict, args) -> str:
             )
         lines += [
             "",
-            f"**Synthetic acceptance**: distill.synthetic's SyntheticDraft proposes the target's own token with probability α "
+            f"**Synthetic acceptance**: distill.commands.synthetic's SyntheticDraft proposes the target's own token with probability α "
             "per position; target weights re-drawn without near-ties (make_decisive) so the greedy path cannot drift. "
             f"k = best k of the {label} costs, the same k for both loops. Speedup = target-only decode time over speculative "
             "decode time through the same loop (TTFT excluded); predicted = E[tokens per round] / (k·c + v(k)) from the "
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     check_environment(args)
     import torch
 
-    from distill.docs import write_section
+    from distill.common.docs import write_section
     from distill.speculative.costs import best_k
 
     if args.cpu_smoke:

@@ -16,7 +16,7 @@ import torch
 import yaml
 from transformers import AutoTokenizer
 
-from distill.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
 # Tiny models gain nothing from a second thread, and oversubscribed cores slow them badly.
 torch.set_num_threads(1)

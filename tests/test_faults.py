@@ -25,14 +25,14 @@ from datasets import Dataset
 from huggingface_hub import HfApi
 from safetensors.torch import load_file
 
-from distill.data import load_examples, tokenize_example
-from distill.publish import main as publish_main
-from distill.publish import publish
-from distill.recipe import RecipeError, load_recipe
-from distill.teacher import CacheMismatchError, TeacherCache
-from distill.teacher import main as teacher_main
-from distill.train import build_trainer, train
-from distill.train import main as train_main
+from distill.commands.publish import main as publish_main
+from distill.commands.publish import publish
+from distill.training.data import load_examples, tokenize_example
+from distill.training.recipe import RecipeError, load_recipe
+from distill.training.teacher import CacheMismatchError, TeacherCache
+from distill.training.teacher import main as teacher_main
+from distill.training.train import build_trainer, train
+from distill.training.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -524,7 +524,7 @@ def _one_line_error(capsys, prog: str) -> str:
 @pytest.mark.parametrize("damage", ["torn weights", "config not json"])
 @pytest.mark.parametrize("command", ["accept", "publish", "bench"])
 def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, straight, tmp_path, capsys, command, damage):
-    from distill.bench import main as bench_main
+    from distill.commands.bench import main as bench_main
     from distill.eval.acceptance import main as accept_main
 
     draft = _damaged(tiny / "straight" / "draft", tmp_path / "draft", damage)
@@ -560,8 +560,8 @@ def test_unreadable_draft_weights_or_config_are_one_line_naming_the_file(tiny, s
 
 
 def test_bench_refuses_a_draft_whose_tokenizer_differs_as_accept_does(tiny, straight, tmp_path, capsys):
-    from distill.bench import main as bench_main
-    from distill.tiny import build_tokenizer
+    from distill.commands.bench import main as bench_main
+    from distill.common.tiny import build_tokenizer
 
     other = tmp_path / "other"
     shutil.copytree(tiny / "straight" / "draft", other)

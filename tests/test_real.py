@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill.models import convert_gguf, load_model, load_tokenizer
+from distill.commands.convert_gguf import convert_gguf
+from distill.common.models import load_model, load_tokenizer
 
 REAL_DIR = Path(os.environ.get("DISTILL_REAL_DIR", Path.home() / ".cache" / "distill-real"))
 DRAFT_GGUF = REAL_DIR / "qwen2.5-coder-0.5b-instruct.gguf"
@@ -28,7 +29,7 @@ pytestmark = [
 
 
 def _questions(split: str, n: int) -> list[str]:
-    from distill.prompts import apply_template
+    from distill.common.prompts import apply_template
 
     rows = [json.loads(line) for line in (GSM8K / f"{split}.jsonl").read_text().splitlines()[:n]]
     return [apply_template("gsm8k", r["question"]) for r in rows]
@@ -73,9 +74,9 @@ def test_greedy_speculative_decoding_of_the_real_pair_is_the_targets_own_in_floa
 
 
 def test_three_lora_steps_of_the_real_draft_from_a_tiny_teacher_cache(tmp_path):
-    from distill.recipe import load_recipe
-    from distill.teacher import cache_teacher
-    from distill.train import train
+    from distill.training.recipe import load_recipe
+    from distill.training.teacher import cache_teacher
+    from distill.training.train import train
 
     rows = [json.loads(line) for line in (GSM8K / "train.jsonl").read_text().splitlines()[:6]]
     data = tmp_path / "train.jsonl"

@@ -5,8 +5,8 @@ DESIGN.md (Leviathan et al., 2023): E[tokens per round] = (1 - α^(k+1)) / (1 - 
 speedup ≈ E / (k·c + v(k)), with c = draft step / target step and v(k) = target verify of k+1
 tokens / one target step. `measure_costs` times c and v(k) for a pair on the current device, as
 the eager loop calls the models or (`measure_costs_static`) as the static loop replays its steps;
-`best_k` picks k. The synthetic draft built on this (`distill.synthetic`) and `distill bench`
-(`distill.bench`) sit above the decoder; nothing here imports them."""
+`best_k` picks k. The synthetic draft built on this (`distill.commands.synthetic`) and `distill bench`
+(`distill.commands.bench`) sit above the decoder; nothing here imports them."""
 
 from __future__ import annotations
 

@@ -9,11 +9,11 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
 from distill.speculative.loop import SpecLoop
 from distill.speculative.schedule import make_schedule
 from distill.speculative.static import BACKENDS, graphs_available, layer_kinds, static_problem
 from distill.speculative.stats import SpecOutput
-from distill.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
 
 
 def _context_length(model: PreTrainedModel) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from distill import prompts
+from distill.common import prompts
 
 from .base import Task, TaskExample, load_rows, sample_indices
 

@@ -1,0 +1,388 @@
+"""`distill accept` end to end on tiny saved models and local files of all three tasks: greedy
+identity, equal quality, a self-draft accepted every time, real PNGs, resume, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.eval.acceptance import DraftSource, Journal, Settings, main, parse_drafts, trim
+from distill.eval.tasks import get_task
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_NEW_TOKENS = 8
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SCHEMA_FIELDS = {
+    "acceptance_rate",
+    "mean_accepted_length",
+    "tokens_per_target_forward",
+    "speedup",
+    "ttft_s",
+    "tpot_s",
+    "tokens_per_s",
+    "quality",
+    "target_quality",
+    "quality_metric",
+    "greedy_identity",
+    "per_position_acceptance",
+}
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models decode fastest on one thread; two threads on a busy 2-core machine are many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    """A saved tiny target (+32 padded rows), a smaller saved draft (+8), each with the tokenizer, and task files."""
+    root = tmp_path_factory.mktemp("accept")
+    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21, tie_word_embeddings=False, initializer_range=0.1)
+    draft = tiny_qwen2(
+        len(tokenizer) + 8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=22,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    with torch.no_grad():  # padded rows never win, as in Qwen2.5: a self-draft (real vocabulary only) can then match every token
+        target.lm_head.weight[len(tokenizer) :] = target.lm_head.weight[: len(tokenizer)].mean(0)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    files = {
+        "gsm8k": _jsonl(
+            root / "gsm8k.jsonl",
+            [
+                {"question": "anna has 3 apples and gets 4 more . how many apples does anna have ?", "answer": "3 + 4 = 7 . #### 7"},
+                {"question": "ben has 9 pens and gives away 2 . how many pens are left ?", "answer": "9 - 2 = 7 . #### 7"},
+                {"question": "cara has 5 cups and gets 6 more . how many cups does cara have ?", "answer": "5 + 6 = 11 . #### 11"},
+            ],
+        ),
+        "mmlu": _jsonl(
+            root / "mmlu.jsonl",
+            [
+                {"question": "which animal says moo ?", "subject": "farm", "choices": ["cat", "cow", "owl", "bee"], "answer": 1},
+                {"question": "what colour is the sky ?", "subject": "nature", "choices": ["red", "green", "blue", "old"], "answer": 2},
+            ],
+        ),
+        "cnndm": _jsonl(
+            root / "cnndm.jsonl",
+            [
+                {"article": "the quick fox finds the hen by the river . the hen helps the fox at home .", "highlights": "the fox finds the hen .", "id": "a1"},
+                {
+                    "article": "the lazy dog chases the cat in the park every day . the cat likes the owl .",
+                    "highlights": "the dog chases the cat .",
+                    "id": "a2",
+                },
+            ],
+        ),
+    }
+    # cnndm's first reference is the target's own greedy summary, so its ROUGE-L is 1 and quality is not trivially 0.
+    example = get_task("cnndm").load(data_file=files["cnndm"], num_samples=None)[0]
+    prompt = tokenizer(
+        tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False, return_tensors="pt"
+    )
+    summary = target.generate(**prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[0, prompt["input_ids"].shape[1] :]
+    rows = [json.loads(line) for line in Path(files["cnndm"]).read_text().splitlines()]
+    rows[0]["highlights"] = tokenizer.decode(summary, skip_special_tokens=True)
+    _jsonl(Path(files["cnndm"]), rows)
+    return root, files
+
+
+def _args(root: Path, files: dict[str, str], out: Path, *extra: str) -> list[str]:
+    data = [a for task, path in files.items() for a in ("--data-file", f"{task}={path}")]
+    return [
+        "--target",
+        str(root / "target"),
+        "--draft",
+        f"small={root / 'draft'}",
+        "--draft",
+        f"self={root / 'target'}",
+        "--tasks",
+        "gsm8k,mmlu,cnndm",
+        *data,
+        "--num-samples",
+        "2",
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        "--num-draft-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--cost-repeats",
+        "2",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def greedy_run(setup):
+    root, files = setup
+    out = root / "greedy"
+    rc = main(_args(root, files, out, "--ks", "1", "--draft-alone"))
+    return rc, out, json.loads((out / "report.json").read_text())
+
+
+def test_greedy_run_reports_every_task_and_draft(greedy_run):
+    rc, out, report = greedy_run
+    assert rc == 0
+    assert set(report["drafts"]) == {"small", "self"}
+    for entry in report["drafts"].values():
+        assert set(entry["tasks"]) == {"gsm8k", "mmlu", "cnndm"}
+        for row in entry["tasks"].values():
+            assert SCHEMA_FIELDS <= set(row)
+            assert row["num_prompts"] == 2
+            assert len(row["per_position_acceptance"]) == 3
+    env = report["environment"]
+    assert env["dtype"] == "float32" and env["torch"] and env["transformers"] and env["distill"] and "accept" in env["command"]
+    assert env["tokenizers"] and env["datasets"] and env["numpy"]  # every version that can move a figure
+    load = report["machine_load"]
+    assert load["wall_s"] > 0 and load["cpus"] >= 1 and isinstance(load["busy"], bool)
+    assert report["settings"]["seed"] == 0 and report["settings"]["mode"] == "greedy"
+
+
+def test_greedy_speculative_output_is_the_target_output(greedy_run):
+    _, _, report = greedy_run
+    for name, entry in report["drafts"].items():
+        for task, row in entry["tasks"].items():
+            assert row["greedy_identity"] == 1.0, (name, task, row["differing_examples"])
+            assert row["quality"] == row["target_quality"] == report["target_only"][task]["quality"]
+            assert row["metrics"] == report["target_only"][task]["metrics"]
+            assert row["quality_metric"] == {"gsm8k": "exact_match", "mmlu": "accuracy", "cnndm": "rougeL"}[task]
+            assert row["mismatches"] == []
+    assert report["target_only"]["cnndm"]["quality"] >= 0.5  # the target's own summary scores ROUGE-L 1
+
+
+def test_each_draft_alone_is_scored_on_the_task(greedy_run):
+    """--draft-alone: each draft also decodes by itself; the target as its own draft scores what the target scores."""
+    _, out, report = greedy_run
+    for task, row in report["drafts"]["self"]["tasks"].items():
+        assert row["draft_alone_quality"] == report["target_only"][task]["quality"]
+        assert row["draft_alone_metrics"] == report["target_only"][task]["metrics"]
+    assert all("draft_alone_quality" in row and row["draft_alone_tokens_per_s"] > 0 for row in report["drafts"]["small"]["tasks"].values())
+    assert "| draft alone |" in (out / "report.md").read_text()
+
+
+def test_a_mismatch_is_located_with_the_targets_margin(setup, tokenizer):
+    """Where a speculative output leaves the target's, the report names the position and the target's
+    top-2 logit margin there (near 0: a near-tie that rounding can flip)."""
+    from distill.common.models import load_model
+    from distill.eval.acceptance import first_difference
+
+    root, _ = setup
+    target = load_model(root / "target", dtype="float32")
+    prompt = tokenizer("anna has 3 apples .")["input_ids"]
+    expected = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(prompt) :].tolist()
+    got = expected[:3] + [(expected[3] + 1) % len(tokenizer)] + expected[4:]
+    found = first_difference(target, prompt, expected, got, torch.device("cpu"))
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([prompt + expected[:3]])).logits[0, -1].topk(2).values
+    assert found == {"position": 3, "target_token": expected[3], "speculative_token": got[3], "target_top2_margin": pytest.approx(float(logits[0] - logits[1]))}
+    assert first_difference(target, prompt, expected, expected[:4], torch.device("cpu"))["position"] == 4  # one stopped early
+
+
+def test_self_draft_is_always_accepted_and_small_draft_is_not(greedy_run):
+    _, _, report = greedy_run
+    for _task, row in report["drafts"]["self"]["tasks"].items():
+        assert row["acceptance_rate"] == 1.0 and row["alpha"] == 1.0
+        assert row["per_position_acceptance"] == [1.0, 1.0, 1.0]
+        assert row["mean_accepted_length"] == 2.5  # rounds of k = 3 and (cut short) k = 2, all accepted
+        # 8 tokens in 3 target forwards: the prefill's 1, a full round's 3 accepted + 1, and 2 + 1 in a round cut to k = 2.
+        assert row["tokens_per_target_forward"] == pytest.approx(8 / 3)
+    small = report["drafts"]["small"]["tasks"]
+    assert min(r["acceptance_rate"] for r in small.values()) < 1.0
+
+
+def test_speedup_sweep_and_predictions(greedy_run):
+    _, _, report = greedy_run
+    for entry in report["drafts"].values():
+        assert [p["k"] for p in entry["sweep"]] == [1, 3]
+        for p in entry["sweep"]:
+            assert p["measured_speedup"] > 0 and p["predicted_speedup"] > 0
+            assert p["target_wall_s"] > 0 and p["wall_s"] > 0
+        assert [p["k"] for p in entry["predicted_curve"]] == [1, 2, 3]
+        assert 1 <= entry["best_k"] <= 3 and entry["costs"]["c"] > 0
+        for row in entry["tasks"].values():
+            assert row["speedup"] == pytest.approx(row["target_wall_s"] / row["wall_s"])
+            assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["tokens_per_s"] > 0
+    assert all(p["alpha"] == 1.0 for p in report["drafts"]["self"]["sweep"])
+
+
+def test_markdown_and_plots_are_written(greedy_run):
+    _, out, _ = greedy_run
+    md = (out / "report.md").read_text()
+    for text in ("## gsm8k", "## mmlu", "## cnndm", "| target only |", "| small |", "| self |", "100.0%", "acceptance_per_position.png", "speedup_vs_k.png"):
+        assert text in md
+    for name in ("acceptance_per_position.png", "speedup_vs_k.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 10_000
+        image = matplotlib.image.imread(out / name)
+        assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 500
+        assert image[..., :3].std() > 0.05  # not a blank canvas
+    assert not list(out.glob(".*"))  # no temporary files left behind
+
+
+def test_second_run_resumes_from_the_journal(setup, greedy_run):
+    root, files = setup
+    _, out, first = greedy_run
+    journal = (out / "records.jsonl").read_text().splitlines()
+    assert main(_args(root, files, out, "--ks", "1")) == 0
+    assert (out / "records.jsonl").read_text().splitlines() == journal
+    again = json.loads((out / "report.json").read_text())
+    for name in first["drafts"]:
+        for task, row in first["drafts"][name]["tasks"].items():
+            assert again["drafts"][name]["tasks"][task]["speedup"] == row["speedup"]
+
+
+def test_a_draft_added_to_a_finished_run_costs_only_its_own_calls(setup, greedy_run):
+    """Comparing one more draft reuses the journalled target-only and draft calls; the new draft's
+    calls are added, and the report shows all three, the first two's figures unchanged."""
+    import shutil
+
+    root, files = setup
+    _, out, first = greedy_run
+    added = root / "added"
+    shutil.copytree(out, added)
+    before = (added / "records.jsonl").read_text().splitlines()
+    args = _args(root, files, added, "--ks", "1", "--draft-alone")
+    args[args.index("--draft") : args.index("--draft") + 2] = ["--draft", f"small={root / 'draft'}", "--draft", f"copy={root / 'draft'}"]
+    assert main(args) == 0
+    after = (added / "records.jsonl").read_text().splitlines()
+    assert after[: len(before)] == before
+    new = [json.loads(line) for line in after[len(before) :]]
+    assert new and {r["system"] for r in new} == {"copy", "alone:copy"}
+    report = json.loads((added / "report.json").read_text())
+    assert set(report["drafts"]) == {"small", "copy", "self"}
+    for task, row in first["drafts"]["small"]["tasks"].items():
+        assert report["drafts"]["small"]["tasks"][task]["speedup"] == row["speedup"]
+        assert report["drafts"]["copy"]["tasks"][task]["acceptance_rate"] == row["acceptance_rate"]  # the same weights
+
+
+def test_a_journal_of_other_settings_is_moved_aside_not_lost(tmp_path):
+
+    old = Journal(tmp_path / "records.jsonl", "aaaa")
+    old.add("gsm8k|0|target|None", {"new": [[1, 2]]})
+    fresh = Journal(tmp_path / "records.jsonl", "bbbb")
+    assert fresh.get("gsm8k|0|target|None") is None
+    assert Journal(tmp_path / "records.aaaa.jsonl", "aaaa").get("gsm8k|0|target|None") == {"key": "gsm8k|0|target|None", "new": [[1, 2]]}
+
+
+def test_retrained_draft_or_edited_data_is_measured_afresh(tmp_path):
+    (tmp_path / "draft").mkdir()
+    weights = tmp_path / "draft" / "model.safetensors"
+    weights.write_bytes(b"weights")
+    data = tmp_path / "mmlu.jsonl"
+    data.write_text("{}\n")
+    settings = Settings(target="Qwen/Qwen2.5-7B-Instruct", drafts=[DraftSource("kd", str(tmp_path / "draft"))], tasks=["mmlu"], data_files={"mmlu": str(data)})
+    before = settings.fingerprint()
+    assert Settings(**{**vars(settings), "output_dir": "elsewhere"}).fingerprint() == before
+    assert Settings(**{**vars(settings), "seed": 1}).fingerprint() != before
+    stamp = settings.draft_stamp("kd")
+    weights.write_bytes(b"retrained")
+    assert settings.draft_stamp("kd") != stamp and settings.fingerprint() == before  # only the retrained draft's calls are redone
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 1))
+    assert settings.fingerprint() == before  # a data file copied or remounted, not edited: its calls are kept
+    data.write_text("{}\n{}\n")
+    assert settings.fingerprint() != before
+
+
+def test_sampling_reports_quality_and_acceptance_not_identity(setup):
+    root, files = setup
+    out = root / "sampled"
+    args = _args(root, {"gsm8k": files["gsm8k"]}, out, "--temperature", "0.8", "--top-p", "0.95")
+    args[args.index("--tasks") + 1] = "gsm8k"
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["mode"] == "sampling"
+    for entry in report["drafts"].values():
+        row = entry["tasks"]["gsm8k"]
+        assert row["greedy_identity"] is None and 0.0 <= row["quality"] <= 1.0
+    # A draft identical to the target is accepted with probability min(1, p/q) = 1.
+    assert report["drafts"]["self"]["tasks"]["gsm8k"]["acceptance_rate"] == 1.0
+    assert "| – |" in (out / "report.md").read_text()
+
+
+def test_draft_with_another_tokenizer_is_refused(setup, tmp_path, capsys):
+    root, files = setup
+    other = build_tokenizer(corpus_texts(make_examples(50, seed=7)), vocab_size=300)
+    stranger = tiny_qwen2(len(other), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=other)
+    stranger.save_pretrained(tmp_path / "stranger")
+    other.save_pretrained(tmp_path / "stranger")
+    args = _args(root, files, tmp_path / "out")
+    args[args.index(f"small={root / 'draft'}")] = f"stranger={tmp_path / 'stranger'}"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "stranger" in err and "tokenizers disagree" in err
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("--tasks", "gsm8k,squad"), "unknown task 'squad'"),
+        (("--data-file", "mmlu=/nonexistent/mmlu.jsonl"), "does not exist"),
+        (("--ks", "0,2"), "--ks"),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_error(setup, tmp_path, capsys, change, message):
+    root, files = setup
+    args = _args(root, files, tmp_path / "out")
+    flag, value = change
+    if flag == "--data-file":
+        args[args.index(f"mmlu={files['mmlu']}")] = value
+    elif flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trim_and_draft_names():
+    assert trim([5, 6, 2, 0, 0], {2}) == [5, 6, 2]
+    assert trim([5, 6, 7], {2, 3}) == [5, 6, 7]
+    drafts = parse_drafts(["Qwen/Qwen2.5-0.5B-Instruct,kd=runs/kd", "self=Qwen/Qwen2.5-7B-Instruct"])
+    assert [(d.name, d.path) for d in drafts] == [
+        ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+        ("kd", "runs/kd"),
+        ("self", "Qwen/Qwen2.5-7B-Instruct"),
+    ]
+    with pytest.raises(ValueError, match="given twice"):
+        parse_drafts(["a=x", "a=y"])
+
+
+def test_runs_as_a_script(monkeypatch, capsys):
+    """`python eval/acceptance.py` as Python runs it: the file as __main__, its folder first on sys.path
+    (in-process, to spare the suite a second torch import)."""
+    script = REPO_ROOT / "eval" / "acceptance.py"
+    monkeypatch.syspath_prepend(str(script.parent))
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--draft" in out and "--ks" in out and "--data-file" in out

@@ -1,0 +1,231 @@
+"""Recipes: validation errors a user can act on, round trips, and every shipped file loads."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from distill.training.recipe import DEFAULT_LORA_MODULES, LoraSpec, Recipe, RecipeError, load_recipe, save_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+ACCELERATE = RECIPES / "accelerate"
+
+MINIMAL = {
+    "output_dir": "runs/x",
+    "target": {"name_or_path": "Qwen/Qwen2.5-7B-Instruct"},
+    "draft": {"name_or_path": "Qwen/Qwen2.5-0.5B-Instruct"},
+    "data": {"dataset": "openai/gsm8k"},
+    "training": {"max_steps": 10},
+}
+
+
+def with_(path: str, value) -> dict:
+    """MINIMAL with one dotted key set."""
+    data = copy.deepcopy(MINIMAL)
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return data
+
+
+def errors_of(data) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(data)
+    return str(info.value)
+
+
+def test_minimal_recipe_fills_the_documented_defaults():
+    r = load_recipe(MINIMAL)
+    assert isinstance(r, Recipe)
+    assert r.seed == 0 and r.target.dtype == "auto" and r.draft.lora is None and r.draft.merge_on_save is True
+    assert r.data.split == "train" and r.data.max_prompt_length == 512 and r.data.max_length == 1024
+    assert r.data.response_source == "dataset" and r.data.packing is False and r.data.adapter is None
+    assert r.teacher.mode == "online" and r.teacher.top_k == 32
+    assert r.loss.divergence == "forward_kl" and r.loss.beta == 0.5 and r.loss.lmbda == 0.0
+    assert r.training.learning_rate == 5e-5 and r.training.report_to == ["none"] and r.training.save_total_limit == 2
+    assert r.eval.num_draft_tokens == 5
+
+
+def test_unknown_key_names_its_place_and_the_closest_valid_key():
+    msg = errors_of(with_("loss.divergense", "jsd"))
+    assert "loss.divergense: unknown key" in msg and "did you mean 'loss.divergence'" in msg
+
+
+def test_key_in_the_wrong_section_points_to_where_it_belongs():
+    msg = errors_of(with_("loss.learning_rate", 1e-4))
+    assert "loss.learning_rate: unknown key" in msg and "'training.learning_rate'" in msg
+
+
+def test_unknown_top_level_and_nested_lora_keys():
+    data = with_("trainig", {"max_steps": 3})
+    data["draft"]["lora"] = {"rank": 8}
+    msg = errors_of(data)
+    assert "trainig: unknown key; did you mean 'training'?" in msg
+    assert "draft.lora.rank: unknown key" in msg
+
+
+def test_wrong_type_names_key_expected_type_and_value():
+    msg = errors_of(with_("training.max_steps", "100"))
+    assert "training.max_steps: expected int, got str '100'" in msg
+
+
+def test_bool_is_not_accepted_as_a_number_but_int_is_a_float():
+    assert "expected int, got bool True" in errors_of(with_("training.max_steps", True))
+    r = load_recipe(with_("training.learning_rate", 1))
+    assert r.training.learning_rate == 1.0 and isinstance(r.training.learning_rate, float)
+
+
+def test_bad_enum_lists_the_allowed_values():
+    msg = errors_of(with_("loss.divergence", "kl"))
+    assert "loss.divergence: 'kl' is not allowed" in msg
+    for name in ("'forward_kl'", "'reverse_kl'", "'jsd'", "'tvd'"):
+        assert name in msg
+    assert "'float32', 'bfloat16', 'float16', 'auto'" in errors_of(with_("target.dtype", "bf16"))
+
+
+def test_missing_required_keys_and_ranges():
+    data = copy.deepcopy(MINIMAL)
+    del data["training"]["max_steps"]
+    assert "training.max_steps: required key is missing" in errors_of(data)
+    assert "loss.beta: must be between 0 and 1, got 1.5" in errors_of(with_("loss.beta", 1.5))
+    assert "training.max_steps: must be > 0, got 0" in errors_of(with_("training.max_steps", 0))
+
+
+def test_all_errors_are_reported_at_once():
+    data = with_("loss.divergense", "jsd")
+    data["training"]["max_steps"] = "x"
+    err = pytest.raises(RecipeError, load_recipe, data).value
+    assert len(err.errors) == 2
+
+
+def test_cross_field_rules():
+    assert "teacher.cache_dir: required" in errors_of(with_("teacher.mode", "cache"))
+    assert "data.generation_cache: required" in errors_of(with_("data.response_source", "target"))
+    assert "data.max_prompt_length: must be < data.max_length" in errors_of(with_("data.max_prompt_length", 2048))
+    assert "data.packing" in errors_of(with_("data.packing", True))
+    both = with_("draft.config", {"hidden_size": 32})
+    assert "exactly one of draft.name_or_path" in errors_of(both)
+    cached = with_("teacher", {"mode": "cache", "cache_dir": "c", "top_k": 16})
+    cached["loss"] = {"top_k": 32}
+    assert "loss.top_k: 32 exceeds the cached teacher.top_k 16" in errors_of(cached)
+
+
+def test_lora_defaults():
+    r = load_recipe(with_("draft.lora", {}))
+    assert r.draft.lora == LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=DEFAULT_LORA_MODULES)
+
+
+def test_yaml_file_errors_name_the_file_and_read_exponent_floats(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "output_dir: runs/x\ntarget: {name_or_path: t}\ndraft: {name_or_path: d}\ndata: {dataset: d.jsonl}\ntraining: {max_steps: 5, learning_rate: 5e-5}\n"
+    )
+    assert load_recipe(good).training.learning_rate == 5e-5  # PyYAML alone would read the string '5e-5'
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("max_steps: 5", "max_step: 5"))
+    msg = errors_of(bad)
+    assert str(bad) in msg and "training.max_step: unknown key; did you mean 'training.max_steps'?" in msg
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(good.read_text() + "output_dir: runs/y\n")
+    assert "duplicate key 'output_dir'" in errors_of(dup)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    assert "empty" in errors_of(empty)
+    with pytest.raises(FileNotFoundError):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+def test_save_and_load_round_trip_atomically(tmp_path):
+    r = load_recipe(RECIPES / "qwen2.5-0.5b-from-7b-lora.yaml")
+    out = save_recipe(r, tmp_path / "run" / "recipe.yaml")
+    assert load_recipe(out) == r
+    assert load_recipe(r.to_dict()) == r
+    assert sorted(p.name for p in out.parent.iterdir()) == ["recipe.yaml"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_loads(path):
+    r = load_recipe(path)
+    assert r.training.max_steps > 0
+    if path.name.startswith("qwen2.5-coder"):  # the real CPU pair: distilled on GSM8K train, never test
+        assert r.target.name_or_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and r.draft.name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+        assert r.data.split == "train" and r.data.prompt_template == "gsm8k" and "tokens/s" in path.read_text()
+    elif path.name.startswith("qwen2.5"):
+        assert r.target.name_or_path == "Qwen/Qwen2.5-7B-Instruct" and r.target.dtype == "bfloat16"
+        assert r.draft.name_or_path.startswith("Qwen/Qwen2.5-") and r.training.bf16
+        text = path.read_text()
+        assert "GB" in text and "tokens/s" in text and "FLOP" in text  # the cost arithmetic is stated
+
+
+def test_shipped_recipe_set():
+    names = {p.name for p in RECIPES.glob("*.yaml")}
+    assert names >= {
+        "qwen2.5-0.5b-from-7b-lora.yaml",
+        "qwen2.5-0.5b-from-7b-full.yaml",
+        "qwen2.5-1.5b-from-7b-full.yaml",
+        "tiny-cpu.yaml",
+    }
+    assert {p.name for p in ACCELERATE.glob("*.yaml")} == {"single_gpu.yaml", "multi_gpu.yaml", "zero2.yaml", "zero3.yaml"}
+
+
+def test_tiny_recipe_reproduces_the_padded_vocab_mismatch():
+    r = load_recipe(RECIPES / "tiny-cpu.yaml")
+    assert r.target.name_or_path == "runs/tiny/target" and r.draft.name_or_path is None
+    assert r.data.dataset == "runs/tiny/train.jsonl" and not r.training.bf16
+    cfg = r.draft.config
+    # the tiny target (see the recipe's comment) has 508 embedding rows over a 476-token tokenizer
+    assert 476 <= cfg["vocab_size"] < 508
+    from transformers import Qwen2Config
+
+    Qwen2Config(**cfg)  # a valid config dict
+
+
+def _launch_args(path: Path):
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    parser = launch_command_parser()
+    args = parser.parse_args(["--config_file", str(path), "scripts/train.py", "recipes/tiny-cpu.yaml"])
+    return parser, *_validate_launch_command(args)
+
+
+@pytest.mark.parametrize("name", ["single_gpu", "multi_gpu", "zero2", "zero3"])
+def test_accelerate_configs_load_with_accelerate(name):
+    """Parsed by accelerate's own loader, then by the validation `accelerate launch` runs."""
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    path = ACCELERATE / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert isinstance(config, ClusterConfig) and config.mixed_precision == "bf16" and not config.use_cpu
+    parser, args, defaults, _ = _launch_args(path)
+    known = set(vars(parser.parse_args(["x.py"])))
+    unknown = set(config.deepspeed_config) - known  # accelerate would copy a misspelt key silently
+    assert not unknown, f"{name}: deepspeed_config keys accelerate does not know: {unknown}"
+    assert args.mixed_precision == "bf16"
+    assert args.use_deepspeed == name.startswith("zero")
+    assert args.multi_gpu == (name == "multi_gpu")
+
+
+@pytest.mark.parametrize("name,stage", [("zero2", 2), ("zero3", 3)])
+def test_zero_configs_build_the_deepspeed_plugin(name, stage, monkeypatch):
+    """The environment `accelerate launch` would set gives a DeepSpeedPlugin with that ZeRO stage and
+    "auto" batch settings, which the Trainer then fills from the recipe."""
+    pytest.importorskip("deepspeed")
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    _, args, defaults, _ = _launch_args(ACCELERATE / f"{name}.yaml")
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    _, env = prepare_deepspeed_cmd_env(args)
+    for key, value in env.items():
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert zero["stage"] == stage
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto"
+    assert plugin.zero3_init_flag == (stage == 3)
+    assert zero["stage3_gather_16bit_weights_on_model_save"] == (stage == 3)
