@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve, share_permissions
+from distill.common.io import atomic_folder, write_json
+from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
 
 
 def _sha256(path: Path) -> str:
@@ -42,9 +40,7 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, dtype: st
     eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
     pad = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else tokenizer.pad_token_id
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         ids = torch.arange(min(16, len(tokenizer))).unsqueeze(0)
@@ -62,12 +58,7 @@ def convert_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, dtype: st
             "dtype": dtype,
             "seconds": round(time.time() - started, 1),
         }
-        (tmp / "conversion.json").write_text(json.dumps(info, indent=2) + "\n")
-        share_permissions(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(tmp / "conversion.json", info)
     return out
 
 

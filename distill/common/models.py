@@ -241,14 +241,3 @@ def load_target(
 def load_target_tokenizer(spec: Any) -> PreTrainedTokenizerBase:
     """The target's tokenizer from a recipe's target spec (padding with eos when it defines no pad token)."""
     return load_tokenizer(spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code, what="target tokenizer")
-
-
-def share_permissions(folder: str | os.PathLike) -> None:
-    """Give `folder` and everything in it the modes a new file gets (0755 / 0644 under the usual umask):
-    temp folders and transformers' temp-file-and-rename saves leave 0700 / 0600, unreadable to others."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for root, _dirs, files in os.walk(folder):
-        os.chmod(root, 0o777 & ~umask)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~umask)

@@ -36,6 +36,38 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     return {"python": platform.python_version(), **{name: package_version(name) for name in packages}}
 
 
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: Any = None, load: MachineLoad | None = None) -> dict[str, Any]:
+    """The one record of where something ran, beside every run and report: Python and package
+    versions, the platform, the device and its name, torch's threads and OMP_NUM_THREADS, and, given
+    a started `MachineLoad`, how busy the machine was meanwhile."""
+    import torch
+
+    device = torch.device(device or "cpu")
+    record = {
+        **versions(),
+        "platform": platform.platform(),
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    if load is not None:
+        record["machine_load"] = load.report()
+    return record
+
+
 # Other processes using more than this many cores on average make timings untrustworthy.
 BUSY_CORES = 0.25
 

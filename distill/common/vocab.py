@@ -1,4 +1,4 @@
-"""Whether a draft and a target speak the same vocabulary, and the real vocabulary they share.
+"""Whether a draft and a target speak the same vocabulary, the real vocabulary they share, and where a generated row ends.
 
 Qwen2.5-7B pads its embedding to 152,064 rows and 0.5B/1.5B to 151,936 while the tokenizer has
 151,665 tokens: different embedding sizes are fine, different tokenizers are not."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -63,3 +64,12 @@ def shared_vocab_size(target: PreTrainedModel, draft: PreTrainedModel, tokenizer
     """The rows both models can score: the tokenizer's length when known, else the smaller embedding."""
     rows = min(target.config.get_text_config().vocab_size, draft.config.get_text_config().vocab_size)
     return min(rows, len(tokenizer)) if tokenizer is not None else rows
+
+
+def cut_at_eos(tokens: Sequence[int], eos: Collection[int]) -> list[int]:
+    """Generated tokens up to and including the first end-of-sequence id (what follows is padding);
+    all of them when generation never stopped."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return list(tokens[: i + 1])
+    return list(tokens)

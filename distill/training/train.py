@@ -39,7 +39,8 @@ from transformers import (
     set_seed,
 )
 
-from distill.common.models import ModelLoadError, load_model, load_target, load_target_tokenizer, load_tokenizer, share_permissions
+from distill.common.io import atomic_write, swap_folder
+from distill.common.models import ModelLoadError, load_model, load_target, load_target_tokenizer, load_tokenizer
 from distill.common.provenance import versions
 from distill.common.vocab import check_tokenizers_agree
 from distill.training import losses
@@ -546,14 +547,6 @@ def _git_revision() -> str | None:
     return rev.stdout.strip() if rev.returncode == 0 else None
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     """Write <output_dir>/draft atomically: the merged model when LoRA and merge_on_save, else the
     adapter (LoRA) or the full model, plus the target's tokenizer."""
@@ -580,12 +573,7 @@ def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(tmp)
         (tmp / "training_args.bin").unlink(missing_ok=True)
-        share_permissions(tmp)
-        if out.exists():
-            old = out.with_name(f".draft.old-{os.getpid()}")
-            os.replace(out, old)
-            shutil.rmtree(old)
-        os.replace(tmp, out)
+        swap_folder(tmp, out)
     trainer.accelerator.wait_for_everyone()
     return out
 
@@ -681,7 +669,7 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
             "wall_s": time.time() - started,
             "metrics": metrics,
         }
-        _atomic_text(out / "run_info.json", json.dumps(info, indent=2, default=str))
+        atomic_write(out / "run_info.json", json.dumps(info, indent=2, default=str))
     return metrics
 
 
