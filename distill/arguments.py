@@ -33,7 +33,8 @@ def _demo(p: argparse.ArgumentParser) -> None:
 
 
 def _train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML")
+    p.add_argument("recipe", nargs="?", help="recipe YAML (required unless --help-recipe)")
+    p.add_argument("--help-recipe", action="store_true", help="list every recipe key with its type, default and help, and exit")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint-N in output_dir")
     add_set_argument(p)
 
@@ -161,6 +162,11 @@ def _convert_gguf(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _docs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", action="store_true", help="exit 1 naming each section that differs from its report's rendering (nothing written)")
+    p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
+
+
 # verb -> (module whose main() runs it, one line of help, its arguments)
 COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] = {
     "demo": ("distill.commands.demo", "the whole pipeline end to end on tiny models built here", _demo),
@@ -172,6 +178,7 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] 
     "rehearse": ("distill.commands.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer", _rehearse),
     "memory": ("distill.commands.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)", _memory),
     "convert-gguf": ("distill.commands.convert_gguf", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)", _convert_gguf),
+    "docs": ("distill.commands.render_docs", "render the docs' measured tables from the reports committed under docs/results/", _docs),
     "prepare-tiny": ("distill.commands.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on", _prepare_tiny),
 }
 

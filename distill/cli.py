@@ -1,6 +1,7 @@
 """`distill train | cache-teacher | accept | bench | publish | demo | ...`: each verb is a module's main().
 
-`distill VERB --help` is answered from `distill.arguments` before the verb's module (and torch) loads."""
+`distill VERB --help` is answered from `distill.arguments` before the verb's module (and torch) loads, and
+`distill train --help-recipe` from the recipe's declarations (distill.training.recipe) alone."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if "-h" in argv or "--help" in argv:
         parser(verb).parse_args(argv)  # prints the help and exits
+    if verb == "train" and "--help-recipe" in argv:
+        from distill.training.recipe import recipe_help  # the declarations alone: no torch
+
+        print(recipe_help())
+        return 0
     quiet_cpu_deepspeed()
     module = importlib.import_module(COMMANDS[verb][0])
     return int(module.main(argv) or 0)

@@ -5,10 +5,13 @@ measured speedup (optionally for several k, next to the speedup predicted from t
     python eval/acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
         --draft distilled=runs/kd --tasks gsm8k,mmlu,cnndm --dtype bfloat16 --ks 1,2,4,6,8
 
-Every generate call is journalled to <output-dir>/records.jsonl as it finishes, so a stopped run
-started again with the same settings resumes where it stopped, and a draft added to a finished run
-(or a retrained one) costs only its own calls. report.json, report.md and the PNG plots are rebuilt
-from that journal and written atomically.
+Every generate call is journalled to <output-dir>/records.jsonl as it finishes, with the run that
+timed it (`distill.eval.journal`), so a stopped run started again with the same settings resumes where
+it stopped, and a draft added to a finished run (or a retrained one) costs its own calls plus the
+target-only calls of its prompts, timed again in the new run (`distill.eval.measurement`): a speedup
+only divides timings of one run. The figures, their 95% intervals and the paired differences between
+drafts come from `distill.eval.figures`; report.json, report.md and the PNG plots are written
+atomically by `distill.eval.report`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,20 +29,33 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.generation.streamers import BaseStreamer
 
 from distill.arguments import default_device, parser, quiet_cpu_deepspeed
 from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
-from distill.common.provenance import MachineLoad, versions, warn
+from distill.common.provenance import MachineLoad, environment, warn
 from distill.common.vocab import check_tokenizers_agree
+from distill.eval.figures import (
+    SCHEMA_VERSION,
+    acceptance,
+    add_predictions,
+    decomposition,
+    intervals,
+    outputs,
+    paired_difference,
+    quality,
+    task_row,
+    timed_pairs,
+    timing,
+)
+from distill.eval.journal import Journal, Run
+from distill.eval.measurement import ALONE, TARGET, Call, Decoding, calls_to_run, speculative_generate, target_generate
 from distill.eval.report import write_outputs
-from distill.eval.tasks import TASKS, Task, TaskExample, get_task
+from distill.eval.tasks import TASKS, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
-from distill.speculative.costs import Costs, best_k, fit_alpha, measure_costs, predicted_speedup
+from distill.speculative.costs import Costs, best_k, measure_costs, measure_costs_many, resolve_backend
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 JOURNAL = "records.jsonl"
-ALONE = "alone:"  # journal system of a draft decoding by itself (its own task quality)
 
 
 @dataclass(frozen=True)
@@ -162,184 +174,6 @@ def parse_ints(text: str, flag: str) -> list[int]:
     return sorted(set(values))
 
 
-# ---------------------------------------------------------------------------------------------
-# Decoding one batch, timed
-
-
-class _FirstTokenClock(BaseStreamer):
-    """Notes when `generate` hands over its first new token (its second `put`; the first is the prompt)."""
-
-    def __init__(self) -> None:
-        self.puts, self.first = 0, None
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts += 1
-        if self.puts == 2:
-            self.first = time.perf_counter()
-
-    def end(self) -> None:
-        pass
-
-
-def trim(tokens: list[int], eos: set[int]) -> list[int]:
-    """New tokens up to and including the first EOS (what follows is padding)."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class Decoding:
-    """How the run decodes: greedy or sampled, and the stop/pad ids both decoders use."""
-
-    max_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_p: float
-    eos: list[int]
-    pad: int
-
-
-def target_generate(target: PreTrainedModel, batch: dict[str, torch.Tensor], dec: Decoding, seed: int) -> dict[str, Any]:
-    """Target-only `generate` on one batch: new tokens per row, wall time and time to first token."""
-    kwargs: dict[str, Any] = {"do_sample": dec.do_sample}
-    if dec.do_sample:
-        kwargs.update(temperature=dec.temperature, top_p=dec.top_p, top_k=0)
-        torch.manual_seed(seed)
-    device = batch["input_ids"].device
-    clock = _FirstTokenClock()
-    _sync(device)
-    start = time.perf_counter()
-    out = target.generate(**batch, max_new_tokens=dec.max_new_tokens, eos_token_id=dec.eos, pad_token_id=dec.pad, streamer=clock, **kwargs)
-    _sync(device)
-    wall = time.perf_counter() - start
-    new = out[:, batch["input_ids"].shape[1] :].tolist()
-    return {"new": [trim(row, set(dec.eos)) for row in new], "wall_s": wall, "ttft_s": (clock.first or time.perf_counter()) - start}
-
-
-def speculative_generate(decoder: SpeculativeDecoder, batch: dict[str, torch.Tensor], dec: Decoding, seed: int) -> dict[str, Any]:
-    """Speculative decoding of one batch: new tokens per row, wall time, TTFT and the decoder's stats."""
-    out = decoder.generate(
-        batch["input_ids"],
-        batch["attention_mask"],
-        max_new_tokens=dec.max_new_tokens,
-        do_sample=dec.do_sample,
-        temperature=dec.temperature if dec.do_sample else 1.0,
-        top_p=dec.top_p,
-        eos_token_id=dec.eos,
-        pad_token_id=dec.pad,
-        seed=seed,
-    )
-    new = out.sequences[:, batch["input_ids"].shape[1] :].tolist()
-    return {"new": [trim(row, set(dec.eos)) for row in new], "wall_s": out.stats.wall_s, "ttft_s": out.stats.ttft_s, "stats": out.stats.to_dict()}
-
-
-# ---------------------------------------------------------------------------------------------
-# Aggregating journalled records into the report's figures
-
-
-def _timing(records: list[dict]) -> dict[str, float]:
-    """TTFT (mean per call), TPOT (decode time over tokens after the first, per row), tokens/s, totals."""
-    wall = sum(r["wall_s"] for r in records)
-    tokens = sum(len(row) for r in records for row in r["new"])
-    decode_s = decode_tokens = 0.0
-    for r in records:
-        per_row = sum(len(row) for row in r["new"]) / len(r["new"])
-        if per_row > 1:
-            decode_s += r["wall_s"] - r["ttft_s"]
-            decode_tokens += per_row - 1
-    return {
-        "ttft_s": statistics.fmean(r["ttft_s"] for r in records) if records else 0.0,
-        "tpot_s": decode_s / decode_tokens if decode_tokens else 0.0,
-        "tokens_per_s": tokens / wall if wall else 0.0,
-        "wall_s": wall,
-        "new_tokens": tokens,
-    }
-
-
-def _acceptance(records: list[dict]) -> dict[str, Any]:
-    """Acceptance figures summed over the calls' stats."""
-    total = {key: sum(r["stats"][key] for r in records) for key in ("proposed", "accepted", "new_tokens", "sequence_forwards", "rounds")}
-    depth = max((len(r["stats"]["position_proposed"]) for r in records), default=0)
-    proposed, accepted = [0] * depth, [0] * depth
-    for r in records:
-        for j, (p, a) in enumerate(zip(r["stats"]["position_proposed"], r["stats"]["position_accepted"])):
-            proposed[j] += p
-            accepted[j] += a
-    return {
-        "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
-        "mean_accepted_length": total["accepted"] / proposed[0] if proposed and proposed[0] else 0.0,
-        "tokens_per_target_forward": total["new_tokens"] / total["sequence_forwards"] if total["sequence_forwards"] else 0.0,
-        "per_position_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
-        "alpha": fit_alpha(proposed, accepted),
-        "proposed": total["proposed"],
-        "accepted": total["accepted"],
-        "rounds": total["rounds"],
-        "target_forwards": total["sequence_forwards"],
-        "position_proposed": proposed,
-        "position_accepted": accepted,
-    }
-
-
-def _quality(task: Task, texts: list[str], examples: list[TaskExample]) -> dict[str, Any]:
-    """The task's metrics averaged over its examples; `quality` is the primary one."""
-    per_example = [task.scores(text, ex) for text, ex in zip(texts, examples)]
-    metrics = {name: statistics.fmean(s[name] for s in per_example) for name in per_example[0]}
-    return {"quality": metrics[task.metric_name], "quality_metric": task.metric_name, "metrics": metrics}
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
-
-
-class Journal:
-    """Append-only JSONL of finished generate calls, keyed; reloaded when the settings match,
-    started afresh (the old one moved aside, not lost) when they do not."""
-
-    def __init__(self, path: Path, fingerprint: str):
-        self.path, self.records = path, {}
-        if path.exists():
-            lines = path.read_text().splitlines()
-            try:
-                head = json.loads(lines[0]) if lines else {}
-            except json.JSONDecodeError:
-                head = {}
-            if head.get("fingerprint") != fingerprint:
-                kept = path.with_name(f"{path.stem}.{head.get('fingerprint', 'unknown')}{path.suffix}")
-                path.replace(kept)
-                print(
-                    f"distill accept: {path} holds a run with other settings or files; starting afresh (the old journal kept as {kept.name})", file=sys.stderr
-                )
-            else:
-                for line in lines[1:]:
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError:  # a line cut short by a crash: redo that call
-                        continue
-                    self.records[record["key"]] = record
-        if not self.records:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-
-    def get(self, key: str) -> dict | None:
-        return self.records.get(key)
-
-    def add(self, key: str, record: dict) -> dict:
-        record = {"key": key, **record}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.records[key] = record
-        return record
-
-
 def _load_tokenizer(path: str, role: str) -> PreTrainedTokenizerBase:
     try:
         return load_tokenizer(path, what=f"{role} tokenizer")
@@ -369,26 +203,10 @@ def _context(model: PreTrainedModel) -> int:
     return getattr(model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
 
 
-def _cpu_name() -> str:
-    """The CPU model (Linux /proc/cpuinfo), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _environment(settings: Settings, device: torch.device, command: str) -> dict[str, Any]:
+    """The one environment record plus what decides this run's numbers: TF32, dtype, seed, the command."""
     return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        **versions(),
-        "cuda": torch.version.cuda,
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "num_threads": torch.get_num_threads(),
+        **environment(device),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "dtype": settings.dtype,
         "seed": settings.seed,
@@ -474,12 +292,23 @@ def _check_context(encoded: dict[str, list[list[int]]], examples: dict[str, list
             )
 
 
-def run(settings: Settings, command: str = "") -> dict[str, Any]:
-    """Measure everything `settings` asks for and write report.json, report.md and the plots."""
-    _check(settings)
-    # Data and tokenizers first: every cheap check fails before a model loads.
-    examples = load_examples(settings)
-    tokenizer, target_path, draft_paths = _tokenizers(settings)
+@dataclass
+class Loaded:
+    """What a run decodes with: the models, one decoder per (draft, k), the stop ids, the tokenized prompts."""
+
+    target: PreTrainedModel
+    drafts: dict[str, PreTrainedModel]
+    decoders: dict[tuple[str, int], SpeculativeDecoder]
+    decoding: dict[str, Decoding]
+    encoded: dict[str, list[list[int]]]
+    context: int
+    dropped: dict[str, Any]
+
+
+def _load(
+    settings: Settings, tokenizer: PreTrainedTokenizerBase, target_path: str, draft_paths: dict[str, str], examples: dict[str, list[TaskExample]]
+) -> Loaded:
+    """Tokenize the prompts, load target and drafts, and build a decoder per (draft, k); refuse prompts that do not fit."""
     encoded = {
         name: [
             tokenizer(tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
@@ -487,8 +316,6 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         ]
         for name, exs in examples.items()
     }
-
-    device = torch.device(settings.device)
     target = _load_model(target_path, settings.dtype, settings.device, "target")
     drafts = {
         d.name: target
@@ -502,10 +329,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         for model in drafts.values():
             if model is not target:
                 _plain_generation_config(model, eos, pad)
-
-    k0 = settings.num_draft_tokens
-    ks_all = sorted(set(settings.ks) | {k0})
-    sweep_ks = [k for k in ks_all if k != k0]
+    ks_all = sorted(set(settings.ks) | {settings.num_draft_tokens})
     context = min([_context(target)] + [_context(m) for m in drafts.values()])
     max_new = {name: settings.max_new_tokens or get_task(name).max_new_tokens for name in settings.tasks}
     _check_context(encoded, examples, max_new, max(ks_all), context)
@@ -515,68 +339,119 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         for k in ks_all
     }
     decoding = {name: Decoding(max_new[name], settings.do_sample, settings.temperature, settings.top_p, eos, pad) for name in settings.tasks}
+    return Loaded(target, drafts, decoders, decoding, encoded, context, dropped)
 
-    def tensors(name: str, idx: list[int]) -> dict[str, torch.Tensor]:
-        return tokenizer.pad({"input_ids": [encoded[name][i] for i in idx]}, return_tensors="pt").to(device)
 
-    # Per batch: target-only, then each draft at k0, then (for sweep batches) at the other k; interleaved, so every
-    # system sees the same machine state.
-    plan = []
+def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[list[Call]]:
+    """Every call the settings ask for, batch by batch: target-only first, then each draft at k0 and (for
+    sweep batches) at the other k, then each draft alone; interleaved so all see the same machine state."""
+    k0 = settings.num_draft_tokens
+    sweep_ks = [k for k in sorted(set(settings.ks)) if k != k0]
+    stamps = {d.name: settings.draft_stamp(d.name) for d in settings.drafts}
+    batches = []
     for name in settings.tasks:
         for b, idx in enumerate(_batches(examples[name], settings.batch_size)):
             in_sweep = settings.sweep_samples is None or idx[0] < settings.sweep_samples
-            jobs = [("target", None)] + [(d, k) for d in drafts for k in [k0] + (sweep_ks if in_sweep else [])]
-            jobs += [(ALONE + d, None) for d in drafts] if settings.draft_alone else []
-            plan += [(name, b, idx, who, k) for who, k in jobs]
-
-    journal = Journal(Path(settings.output_dir) / JOURNAL, settings.fingerprint())
-    stamps = {d.name: settings.draft_stamp(d.name) for d in settings.drafts}
-    keys = [f"{name}|{b}|{who}|{k}" + ("" if who == "target" else f"|{stamps[who.removeprefix(ALONE)]}") for name, b, idx, who, k in plan]
-    if done := sum(journal.get(key) is not None for key in keys):
-        print(f"distill accept: resuming, {done} of {len(plan)} generate calls already in {journal.path}", file=sys.stderr)
-    load = MachineLoad().start()
-    warm_up = tensors(settings.tasks[0], [0])  # kernels, allocator and caches, outside the timed calls
-    warm = Decoding(min(4, max_new[settings.tasks[0]]), settings.do_sample, settings.temperature, settings.top_p, eos, pad)
-    target_generate(target, warm_up, warm, settings.seed)
-    for decoder in decoders.values():
-        speculative_generate(decoder, warm_up, warm, settings.seed)
-
-    for key, (name, b, idx, who, k) in zip(keys, tqdm(plan, desc="accept", unit="call", dynamic_ncols=True)):
-        if journal.get(key) is None:
-            batch, seed = tensors(name, idx), settings.seed + b
-            if who == "target" or who.startswith(ALONE):
-                result = target_generate(target if who == "target" else drafts[who[len(ALONE) :]], batch, decoding[name], seed)
-            else:
-                result = speculative_generate(decoders[(who, k)], batch, decoding[name], seed)
-            journal.add(key, {"task": name, "batch": b, "examples": idx, "system": who, "k": k, **result})
-
-    records = {key: journal.get(key) for key in keys}  # this run's calls (a journal may hold other drafts' too)
-    report = build_report(settings, examples, records, tokenizer, _environment(settings, device, command), draft_paths)
-    if not settings.do_sample:  # each greedy mismatch: where it starts and how close the target's choice was
-        for d, entry in report["drafts"].items():
-            for name, row in entry["tasks"].items():
-                ids = {ex.id: i for i, ex in enumerate(examples[name])}
-                base = _outputs(r for r in records.values() if r["task"] == name and r["system"] == "target")
-                spec = _outputs(r for r in records.values() if r["task"] == name and r["system"] == d and r["k"] == k0)
-                row["mismatches"] = [
-                    {"example": e, **first_difference(target, encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)} for e in row["differing_examples"]
+            jobs = [(TARGET, None)] + [(d.name, k) for d in settings.drafts for k in [k0] + (sweep_ks if in_sweep else [])]
+            jobs += [(ALONE + d.name, None) for d in settings.drafts] if settings.draft_alone else []
+            batches.append(
+                [
+                    Call(f"{name}|{b}|{who}|{k}" + ("" if who == TARGET else f"|{stamps[who.removeprefix(ALONE)]}"), name, b, tuple(idx), who, k)
+                    for who, k in jobs
                 ]
-    # c and v(k) at the median prompt length of this run, for the predicted speedup next to the measured one.
-    prompt_len = int(statistics.median(len(r) for rows in encoded.values() for r in rows))
-    prompt_len = max(1, min(prompt_len, context - max(ks_all) - 2))
-    for name, model in tqdm(drafts.items(), desc="costs", unit="draft", dynamic_ncols=True):
-        costs = measure_costs(target, model, ks=range(1, max(ks_all) + 1), prompt_len=prompt_len, repeats=settings.cost_repeats)
-        add_predictions(report["drafts"][name], costs, settings)
-    report["settings"].update(cost_prompt_len=prompt_len, target_generation_config_ignored=dropped)
-    report["machine_load"] = load.stop().report()
+            )
+    return batches
+
+
+def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Journal, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Warm up, then make `calls` in order, journalling each as it finishes."""
+    device = torch.device(settings.device)
+
+    def tensors(name: str, idx: Sequence[int]) -> dict[str, torch.Tensor]:
+        return tokenizer.pad({"input_ids": [loaded.encoded[name][i] for i in idx]}, return_tensors="pt").to(device)
+
+    if not calls:
+        return
+    first = settings.tasks[0]
+    warm_up, dec = tensors(first, [0]), loaded.decoding[first]
+    warm = Decoding(min(4, dec.max_new_tokens), dec.do_sample, dec.temperature, dec.top_p, dec.eos, dec.pad)
+    target_generate(loaded.target, warm_up, warm, settings.seed)  # kernels, allocator and caches, outside the timed calls
+    for decoder in loaded.decoders.values():
+        speculative_generate(decoder, warm_up, warm, settings.seed)
+    for call in tqdm(calls, desc="accept", unit="call", dynamic_ncols=True):
+        batch, seed = tensors(call.task, call.examples), settings.seed + call.batch
+        if call.system == TARGET or call.system.startswith(ALONE):
+            model = loaded.target if call.system == TARGET else loaded.drafts[call.system.removeprefix(ALONE)]
+            result = target_generate(model, batch, loaded.decoding[call.task], seed)
+        else:
+            result = speculative_generate(loaded.decoders[(call.system, call.k)], batch, loaded.decoding[call.task], seed)
+        journal.add(call.key, {"task": call.task, "batch": call.batch, "examples": list(call.examples), "system": call.system, "k": call.k, **result})
+
+
+def _costs(settings: Settings, loaded: Loaded, journal: Journal, batches: list[list[Call]]) -> dict[str, Costs]:
+    """c and v(k) of every draft, the target timed once with all drafts alternated, on real tokens: the
+    prompt of median length followed by the target's own answer to it."""
+    k_max = max(set(settings.ks) | {settings.num_draft_tokens})
+    targets = [journal.latest(c.key) for calls in batches for c in calls if c.system == TARGET]
+    prompts = [(loaded.encoded[r["task"]][i], row) for r in targets for i, row in zip(r["examples"], r["new"])]
+    prompts.sort(key=lambda p: len(p[0]))
+    prompt, answer = prompts[len(prompts) // 2]
+    ids = (prompt + answer)[: loaded.context]
+    if len(ids) < len(prompt) + k_max + 1:  # a short answer: step random ids after the real prompt
+        ids = prompt[: loaded.context - k_max - 1] + [0] * (k_max + 1)
+    if resolve_backend("auto", loaded.target) == "static":
+        return {
+            name: measure_costs(loaded.target, model, ks=range(1, k_max + 1), prompt_len=len(prompt), repeats=settings.cost_repeats)
+            for name, model in loaded.drafts.items()
+        }
+    return measure_costs_many(loaded.target, loaded.drafts, ks=range(1, k_max + 1), repeats=settings.cost_repeats, prompt_ids=ids)
+
+
+def run(settings: Settings, command: str = "") -> dict[str, Any]:
+    """Measure everything `settings` asks for and write report.json, report.md and the plots."""
+    _check(settings)
+    # Data and tokenizers first: every cheap check fails before a model loads.
+    examples = load_examples(settings)
+    tokenizer, target_path, draft_paths = _tokenizers(settings)
+    loaded = _load(settings, tokenizer, target_path, draft_paths, examples)
+    batches = plan(settings, examples)
+    journal = Journal(Path(settings.output_dir) / JOURNAL, settings.fingerprint())
+    journal.begin(Run.begin(settings.device, command))
+    todo = calls_to_run(batches, journal)
+    if reused := sum(len(calls) for calls in batches) - len(todo):
+        print(f"distill accept: {reused} generate calls reused from {journal.path}; this run ({journal.run.run_id}) makes {len(todo)}", file=sys.stderr)
+    load = MachineLoad().start()
+    _execute(settings, loaded, todo, journal, tokenizer)
+    costs = _costs(settings, loaded, journal, batches)
+    journal.end(load.stop().report())
+    report = build_report(settings, examples, journal, batches, tokenizer, _environment(settings, torch.device(settings.device), command), draft_paths)
+    _add_mismatches(report, settings, examples, journal, batches, loaded)
+    for name, entry in report["drafts"].items():
+        add_predictions(entry, costs[name], settings.num_draft_tokens)
+        entry["best_k"] = best_k(entry["alpha"], costs[name], k_max=max(costs[name].v))
+    report["settings"].update(cost_prompt_len=costs[next(iter(costs))].prompt_len, target_generation_config_ignored=loaded.dropped)
+    report["machine_load"] = journal.run.machine_load
     write_outputs(report, settings.output_dir)
     warn(report["machine_load"], "distill accept")
     return report
 
 
-def _outputs(records: Iterable[dict]) -> dict[int, list[int]]:
-    """Example index -> the new tokens decoded for it, over journalled generate calls."""
-    return {i: row for r in records for i, row in zip(r["examples"], r["new"])}
+def _add_mismatches(
+    report: dict[str, Any], settings: Settings, examples: dict[str, list[TaskExample]], journal: Journal, batches: list[list[Call]], loaded: Loaded
+) -> None:
+    """Each greedy mismatch: where it starts and how close the target's choice was."""
+    if settings.do_sample:
+        return
+    device = torch.device(settings.device)
+    for d, entry in report["drafts"].items():
+        for name, row in entry["tasks"].items():
+            ids = {ex.id: i for i, ex in enumerate(examples[name])}
+            base = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == TARGET)
+            spec = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == d and c.k == settings.num_draft_tokens)
+            row["mismatches"] = [
+                {"example": e, **first_difference(loaded.target, loaded.encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)}
+                for e in row["differing_examples"]
+            ]
 
 
 @torch.no_grad()
@@ -597,108 +472,113 @@ def first_difference(target: PreTrainedModel, prompt: list[int], expected: list[
 def build_report(
     settings: Settings,
     examples: dict[str, list[TaskExample]],
-    records: dict[str, dict],
+    journal: Journal,
+    batches: list[list[Call]],
     tokenizer: PreTrainedTokenizerBase,
     environment: dict[str, Any],
     draft_paths: dict[str, str],
 ) -> dict[str, Any]:
-    """The report's measured figures (schema in INTERFACES.md) from the journalled records."""
+    """The report's measured figures from the journal: per task target-only and each draft, the k
+    sweep pooled over tasks, paired differences between drafts, and the runs behind every timing."""
     k0 = settings.num_draft_tokens
+    calls = [c for group in batches for c in group]
+    target_keys = {(c.task, c.batch): c.key for c in calls if c.system == TARGET}
 
-    def select(task: str, who: str, k: int | None, sweep_only: bool = False) -> list[dict]:
-        chosen = [r for r in records.values() if r["task"] == task and r["system"] == who and r["k"] == k]
-        if sweep_only:
-            chosen = [r for r in chosen if settings.sweep_samples is None or r["examples"][0] < settings.sweep_samples]
-        return sorted(chosen, key=lambda r: r["batch"])
+    def of(task: str | None, who: str, k: int | None, sweep_only: bool = False) -> list[Call]:
+        chosen = [c for c in calls if (task is None or c.task == task) and c.system == who and c.k == k]
+        return [c for c in chosen if not sweep_only or settings.sweep_samples is None or c.examples[0] < settings.sweep_samples]
+
+    def texts(task: str, records: Iterable[dict]) -> list[str]:
+        tokens = outputs(records)
+        return [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(len(examples[task]))]
 
     target_only, base_tokens = {}, {}
     for name in settings.tasks:
-        recs = select(name, "target", None)
-        tokens = _outputs(recs)
-        base_tokens[name] = tokens
-        texts = [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(len(examples[name]))]
-        target_only[name] = {**_quality(get_task(name), texts, examples[name]), **_timing(recs), "num_prompts": len(examples[name])}
+        recs = [journal.latest(c.key) for c in of(name, TARGET, None)]
+        base_tokens[name] = outputs(recs)
+        q = quality(get_task(name), texts(name, recs), examples[name])
+        target_only[name] = {**q, "per_example_quality": q.pop("per_example"), **timing(recs), "num_prompts": len(examples[name])}
 
-    drafts = {}
+    drafts, used_runs, per_task = {}, set(), {}
     for d in settings.drafts:
         tasks = {}
         for name in settings.tasks:
-            recs = select(name, d.name, k0)
-            tokens = _outputs(recs)
-            n = len(examples[name])
-            texts = [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(n)]
-            same = [tokens[i] == base_tokens[name][i] for i in range(n)]
-            timing = _timing(recs)
-            quality = _quality(get_task(name), texts, examples[name])
-            tasks[name] = {
-                **_acceptance(recs),
-                "speedup": target_only[name]["wall_s"] / timing["wall_s"] if timing["wall_s"] else 0.0,
-                **timing,
-                "target_wall_s": target_only[name]["wall_s"],
-                "quality": quality["quality"],
-                "target_quality": target_only[name]["quality"],
-                "quality_metric": quality["quality_metric"],
-                "metrics": quality["metrics"],
-                "greedy_identity": None if settings.do_sample else sum(same) / n,
-                "identical_outputs": sum(same),
-                "differing_examples": [examples[name][i].id for i in range(n) if not same[i]],
-                "num_prompts": n,
-            }
+            records, pairs, runs = timed_pairs(journal, of(name, d.name, k0), target_keys)
+            per_task[(d.name, name)] = (records, pairs if len(pairs) == len(records) else [])
+            used_runs.update(runs)
+            row = task_row(get_task(name), examples[name], records, pairs, base_tokens[name], texts(name, records), not settings.do_sample, k0, settings.seed)
+            tasks[name] = {**row, "runs": runs, "target_quality": target_only[name]["quality"]}
             if settings.draft_alone:
-                alone = select(name, ALONE + d.name, None)
-                alone_tokens = _outputs(alone)
-                alone_quality = _quality(get_task(name), [tokenizer.decode(alone_tokens[i], skip_special_tokens=True) for i in range(n)], examples[name])
-                tasks[name].update(
-                    draft_alone_quality=alone_quality["quality"],
-                    draft_alone_metrics=alone_quality["metrics"],
-                    draft_alone_tokens_per_s=_timing(alone)["tokens_per_s"],
-                )
-        pooled = [r for r in records.values() if r["system"] == d.name and r["k"] == k0]
-        sweep = []
-        for k in sorted(set(settings.ks) | {k0}):
-            spec = [r for name in settings.tasks for r in select(name, d.name, k, sweep_only=True)]
-            base = [r for name in settings.tasks for r in select(name, "target", None, sweep_only=True)]
-            spec_wall, base_wall = sum(r["wall_s"] for r in spec), sum(r["wall_s"] for r in base)
-            acc = _acceptance(spec)
-            sweep.append(
-                {
-                    "k": k,
-                    "measured_speedup": base_wall / spec_wall if spec_wall else 0.0,
-                    "alpha": acc["alpha"],
-                    "acceptance_rate": acc["acceptance_rate"],
-                    "tokens_per_target_forward": acc["tokens_per_target_forward"],
-                    "wall_s": spec_wall,
-                    "target_wall_s": base_wall,
-                }
-            )
-        drafts[d.name] = {"path": d.path, "resolved_path": draft_paths[d.name], "alpha": _acceptance(pooled)["alpha"], "tasks": tasks, "sweep": sweep}
-
+                alone = [journal.latest(c.key) for c in of(name, ALONE + d.name, None)]
+                aq = quality(get_task(name), texts(name, alone), examples[name])
+                tasks[name].update(draft_alone_quality=aq["quality"], draft_alone_metrics=aq["metrics"], draft_alone_tokens_per_s=timing(alone)["tokens_per_s"])
+        pooled = [journal.latest(c.key) for c in of(None, d.name, k0)]
+        drafts[d.name] = {
+            "path": d.path,
+            "resolved_path": draft_paths[d.name],
+            "alpha": acceptance(pooled)["alpha"],
+            "tasks": tasks,
+            "sweep": _sweep(settings, journal, of, target_keys)(d.name),
+        }
     return {
+        "schema_version": SCHEMA_VERSION,
         "target": settings.target,
         "environment": environment,
+        "runs": {run_id: journal.runs[run_id] for run_id in sorted(used_runs)},
         "settings": {
             **{k: v for k, v in asdict(settings).items() if k not in ("drafts", "target")},
             "drafts": {d.name: d.path for d in settings.drafts},
             "mode": "sampling" if settings.do_sample else "greedy",
             "max_new_tokens_per_task": {name: settings.max_new_tokens or get_task(name).max_new_tokens for name in settings.tasks},
             "alpha_estimator": "maximum likelihood of i.i.d. per-token acceptance (fit_alpha)",
+            "interval": "95% percentile bootstrap over prompts (calls), paired for differences",
         },
         "target_only": target_only,
         "drafts": drafts,
+        "comparisons": _comparisons(settings, per_task),
     }
 
 
-def add_predictions(entry: dict[str, Any], costs: Costs, settings: Settings) -> None:
-    """Add the measured costs, predicted speedup per task and per k, and the best k to one draft's entry."""
-    k0 = settings.num_draft_tokens
-    entry["costs"] = costs.to_dict()
-    for row in entry["tasks"].values():
-        row["predicted_speedup"] = predicted_speedup(row["alpha"], k0, costs.c, costs.v[k0])
-    for point in entry["sweep"]:
-        point["predicted_speedup"] = predicted_speedup(entry["alpha"], point["k"], costs.c, costs.v[point["k"]])
-        point["predicted_speedup_own_alpha"] = predicted_speedup(point["alpha"], point["k"], costs.c, costs.v[point["k"]])
-    entry["predicted_curve"] = [{"k": k, "predicted_speedup": predicted_speedup(entry["alpha"], k, costs.c, costs.v[k])} for k in sorted(costs.v)]
-    entry["best_k"] = best_k(entry["alpha"], costs, k_max=max(costs.v))
+def _sweep(settings: Settings, journal: Journal, of: Any, target_keys: dict[tuple[str, int], str]) -> Any:
+    """A function giving one draft's figures at each k, pooled over tasks on the sweep's prompts."""
+
+    def sweep(draft: str) -> list[dict[str, Any]]:
+        points = []
+        for k in sorted(set(settings.ks) | {settings.num_draft_tokens}):
+            records, pairs, runs = timed_pairs(journal, of(None, draft, k, sweep_only=True), target_keys)
+            acc = acceptance(records)
+            t, s = timing([p[0] for p in pairs]), timing([p[1] for p in pairs])
+            whole = pairs if len(pairs) == len(records) else []
+            points.append(
+                {
+                    "k": k,
+                    "end_to_end_speedup": t["wall_s"] / s["wall_s"] if pairs and s["wall_s"] else None,
+                    "decode_speedup": t["tpot_s"] / s["tpot_s"] if pairs and s["tpot_s"] else None,
+                    "alpha": acc["alpha"],
+                    "acceptance_rate": acc["acceptance_rate"],
+                    "per_position_acceptance": acc["per_position_acceptance"],
+                    "tokens_per_target_forward": acc["tokens_per_target_forward"],
+                    "wall_s": s["wall_s"],
+                    "target_wall_s": t["wall_s"],
+                    "num_prompts": sum(len(r["examples"]) for r in records),
+                    "runs": runs,
+                    "intervals": intervals(records, whole, seed=settings.seed),
+                    "decomposition": decomposition(pairs, k, acc["alpha"]),
+                }
+            )
+        return points
+
+    return sweep
+
+
+def _comparisons(settings: Settings, per_task: dict[tuple[str, str], tuple[list[dict], list[tuple[dict, dict]]]]) -> list[dict[str, Any]]:
+    """Each draft against the first one named, task by task, on the same prompts: the paired difference."""
+    names = [d.name for d in settings.drafts]
+    return [
+        {"task": task, "reference": names[0], "draft": other, **paired_difference(per_task[(names[0], task)], per_task[(other, task)], seed=settings.seed)}
+        for other in names[1:]
+        for task in settings.tasks
+    ]
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -743,6 +623,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"distill accept: error: {err}", file=sys.stderr)
         return 2
     print(Path(args.output_dir, "report.md").read_text())
+    for c in report["comparisons"]:
+        acc = c["acceptance_rate"]
+        verdict = "a gain outside noise" if acc["outside_noise"] and acc["value"] > 0 else "a loss outside noise" if acc["outside_noise"] else "within noise"
+        print(
+            f"distill accept: {c['draft']} − {c['reference']} on {c['task']}: acceptance {acc['value']:+.3f} "
+            f"[{acc['low']:+.3f}, {acc['high']:+.3f}] (95%, paired over {acc['prompts']} prompts): {verdict}"
+        )
     broken = [
         f"{name}/{task} ({row['greedy_identity']:.1%})"
         for name, d in report["drafts"].items()

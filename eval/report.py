@@ -5,9 +5,6 @@ Every file is written to a temporary name beside its destination and renamed int
 from __future__ import annotations
 
 import io
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +12,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from distill.common.io import atomic_write, to_json
+
 ACCEPTANCE_PLOT = "acceptance_per_position.png"
 SPEEDUP_PLOT = "speedup_vs_k.png"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions of a new file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _short(name: str, parts: int = 2) -> str:
@@ -72,13 +55,13 @@ def acceptance_plot(report: dict[str, Any]) -> bytes:
 
 
 def speedup_plot(report: dict[str, Any]) -> bytes:
-    """Measured speedup against k (markers) and the speedup predicted from the measured α, c, v(k) (dashed)."""
+    """Measured decode speedup against k (markers) and the speedup predicted from the measured α, c, v(k) (dashed)."""
     fig = Figure(figsize=(7.2, 5.4), layout="constrained")
     ax = fig.subplots()
     for i, (name, entry) in enumerate(report["drafts"].items()):
         colour = f"C{i}"
         ks = [p["k"] for p in entry["sweep"]]
-        ax.plot(ks, [p["measured_speedup"] for p in entry["sweep"]], marker="o", color=colour, label=f"{_short(name)}: measured")
+        ax.plot(ks, [p["decode_speedup"] or 0.0 for p in entry["sweep"]], marker="o", color=colour, label=f"{_short(name)}: measured decode speedup")
         curve = entry.get("predicted_curve") or []
         if curve:
             ax.plot(
@@ -103,8 +86,107 @@ def _f(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _iv(row: dict[str, Any], name: str, fmt: str, suffix: str = "") -> str:
+    """A figure with its 95% interval, "0.870 [0.850, 0.889]", from a row's `intervals` (schema 2), else the figure alone."""
+    iv = (row.get("intervals") or {}).get(name)
+    if isinstance(iv, dict):
+        return f"{format(iv['value'], fmt)}{suffix} [{format(iv['low'], fmt)}, {format(iv['high'], fmt)}]"
+    return _f(row.get(name), fmt) + (suffix if row.get(name) is not None else "")
+
+
+def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list[str]:
+    """One task: target-only, then each draft (figures with intervals), then each greedy mismatch."""
+    st = report["settings"]
+    lines = [
+        "",
+        f"## {task} ({base['num_prompts']} prompts, {base['quality_metric']}, max {st['max_new_tokens_per_task'][task]} new tokens)",
+        "",
+        "| system | quality | greedy identity | acceptance | per position | tokens / target forward "
+        "| TTFT ms | TPOT ms | tokens/s | end-to-end speedup | decode speedup | predicted decode | draft alone |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target only | {base['quality']:.3f} | – | – | – | 1.00 | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
+        f"| {base['tokens_per_s']:.1f} | 1.00× | 1.00× | – | – |",
+    ]
+    for name, entry in report["drafts"].items():
+        r = entry["tasks"][task]
+        per_position = " / ".join(format(p, ".2f") for p in r["per_position_acceptance"])
+        predicted = (r.get("decomposition") or {}).get("predicted_decode_speedup")
+        lines.append(
+            f"| {name} | {r['quality']:.3f} | {_f(r['greedy_identity'], '.1%')} | {_iv(r, 'acceptance_rate', '.3f')} | {per_position} "
+            f"| {_iv(r, 'tokens_per_target_forward', '.2f')} | {r['ttft_s'] * 1e3:.1f} | {r['tpot_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {_iv(r, 'end_to_end_speedup', '.2f', '×')} | {_iv(r, 'decode_speedup', '.2f', '×')} | {_f(predicted, '.2f')}× "
+            f"| {_f(r.get('draft_alone_quality'), '.3f')} |"
+        )
+        for m in r.get("mismatches") or []:
+            lines.append(
+                f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
+                f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||"
+            )
+    return lines
+
+
+def _decomposition_table(report: dict[str, Any]) -> list[str]:
+    """Where each draft's decode time goes per round, and how well the speed model predicts it."""
+    lines = [
+        "",
+        "## Where the decode time goes (per round, all tasks' prompts at the main k)",
+        "",
+        "| draft | task | draft ms | verify ms | bookkeeping ms | parts / decode time | c in loop | v(k) in loop | c bench "
+        "| tokens / round (measured) | (i.i.d. α) | round ms (measured) | (bench c, v) | decode speedup | predicted |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, entry in report["drafts"].items():
+        for task, r in entry["tasks"].items():
+            d = r.get("decomposition") or {}
+            if not d:
+                continue
+            loop = d.get("in_loop") or {}
+            lines.append(
+                f"| {name} | {task} | {d['draft_s_per_round'] * 1e3:.1f} | {d['verify_s_per_round'] * 1e3:.1f} | {d['bookkeeping_s_per_round'] * 1e3:.2f} "
+                f"| {_f(d.get('parts_over_decode_time'), '.3f')} | {_f(loop.get('c'), '.3f')} | {_f(loop.get('v'), '.3f')} "
+                f"| {_f((entry.get('costs') or {}).get('c'), '.3f')} | {d['tokens_per_round']:.3f} | {d['predicted_tokens_per_round']:.3f} "
+                f"| {d['decode_s_per_round'] * 1e3:.1f} | {_f(d.get('predicted_round_s') and d['predicted_round_s'] * 1e3, '.1f')} "
+                f"| {_f(r.get('decode_speedup'), '.3f')}× | {_f(d.get('predicted_decode_speedup'), '.3f')}× |"
+            )
+    return lines
+
+
+def _comparison_table(report: dict[str, Any]) -> list[str]:
+    """Each draft minus the first named, on the same prompts: paired differences with their intervals."""
+    rows = report.get("comparisons") or []
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Paired differences (draft − reference, same prompts; * = the interval excludes 0)",
+        "",
+        "| task | draft − reference | acceptance | tokens / target forward | end-to-end speedup | decode speedup |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for c in rows:
+        cells = [f"{c[n]['value']:+.3f} [{c[n]['low']:+.3f}, {c[n]['high']:+.3f}]{'*' if c[n]['outside_noise'] else ''}" if n in c else "–" for n in FIGURES]
+        lines.append(f"| {c['task']} | {c['draft']} − {c['reference']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+FIGURES = ("acceptance_rate", "tokens_per_target_forward", "end_to_end_speedup", "decode_speedup")
+
+
+def _runs(report: dict[str, Any]) -> list[str]:
+    """The timing runs behind the speed figures."""
+    lines = ["", "Timing runs (each speedup pairs a speculative call with the target-only call of its own run):", ""]
+    for run_id, run in (report.get("runs") or {}).items():
+        load = (run.get("machine_load") or {}).get("others_cores")
+        lines.append(
+            f"- `{run_id}`: started {run.get('started')}, {run.get('device_name')}, {run.get('torch_threads')} torch threads, "
+            f"other processes {_f(load, '.2f')} cores"
+        )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """report.md: the settings, then per task a row for target-only and one per draft, then the k sweep."""
+    """report.md: the settings, per task a row for target-only and one per draft, paired differences,
+    the decomposition of decode time, then the k sweep."""
     env, st = report["environment"], report["settings"]
     lines = [
         "# Acceptance evaluation",
@@ -117,35 +199,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{env['command']}`",
         "",
         *([f"**Warning:** {report['machine_load']['warning']}", ""] if (report.get("machine_load") or {}).get("busy") else []),
-        "Speedup = target-only wall time / speculative wall time on the same prompts. Greedy identity = share of prompts "
-        "whose speculative output equals the target-only output token for token. Predicted = (1 − α^(k+1)) / (1 − α) / "
-        "(k·c + v(k)) with α fitted from this run and c, v(k) measured on this device.",
+        "End-to-end speedup = Σ target-only wall time / Σ speculative wall time (whole calls, TTFT included); decode speedup = "
+        "target-only time per output token after the first / the speculative one (each pooled). Both pair each speculative call "
+        "with the target-only call on the same prompts timed in the same run. [low, high]: 95% bootstrap interval over prompts. "
+        "Greedy identity = share of prompts whose speculative output equals the target-only output token for token. "
+        "Predicted decode = measured tokens per round / (k·c + v(k)), c and v(k) from this run's microbenchmark.",
     ]
     for task, base in report["target_only"].items():
-        lines += [
-            "",
-            f"## {task} ({base['num_prompts']} prompts, {base['quality_metric']}, max {st['max_new_tokens_per_task'][task]} new tokens)",
-            "",
-            "| system | quality | greedy identity | acceptance | mean accepted length | tokens / target forward "
-            "| per position | TTFT ms | TPOT ms | tokens/s | speedup | predicted | draft alone |",
-            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
-            f"| target only | {base['quality']:.3f} | – | – | – | 1.00 | – | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
-            f"| {base['tokens_per_s']:.1f} | 1.00× | – | – |",
-        ]
-        for name, entry in report["drafts"].items():
-            r = entry["tasks"][task]
-            lines.append(
-                f"| {name} | {r['quality']:.3f} | {_f(r['greedy_identity'], '.1%')} | {r['acceptance_rate']:.1%} "
-                f"| {r['mean_accepted_length']:.2f} | {r['tokens_per_target_forward']:.2f} "
-                f"| {' / '.join(format(p, '.2f') for p in r['per_position_acceptance'])} | {r['ttft_s'] * 1e3:.1f} "
-                f"| {r['tpot_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× "
-                f"| {_f(r.get('predicted_speedup'), '.2f')}× | {_f(r.get('draft_alone_quality'), '.3f')} |"
-            )
-            for m in r.get("mismatches") or []:
-                lines.append(
-                    f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
-                    f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||"
-                )
+        lines += _task_table(report, task, base)
+    lines += _comparison_table(report) + _decomposition_table(report) + _runs(report)
     lines += ["", "## Speedup vs k (all tasks pooled)", ""]
     k0 = st["num_draft_tokens"]
     for name, entry in report["drafts"].items():
@@ -154,14 +216,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"**{name}** (`{entry['path']}`): α = {entry['alpha']:.3f}, c = {_f(costs.get('c'), '.3f')}, "
             f"best k = {entry.get('best_k', '–')} (α fitted at k = {k0}).",
             "",
-            f"| k | measured speedup | predicted (α at k = {k0}) | predicted (α at this k) | α at this k | acceptance | tokens / target forward |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| k | prompts | decode speedup | end-to-end speedup | predicted decode (measured tokens / round) | predicted (α at this k) "
+            "| α at this k | acceptance | tokens / target forward |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for p in entry["sweep"]:
             lines.append(
-                f"| {p['k']} | {p['measured_speedup']:.2f}× | {_f(p.get('predicted_speedup'), '.2f')}× "
-                f"| {_f(p.get('predicted_speedup_own_alpha'), '.2f')}× | {p['alpha']:.3f} | {p['acceptance_rate']:.1%} "
-                f"| {p['tokens_per_target_forward']:.2f} |"
+                f"| {p['k']} | {p['num_prompts']} | {_iv(p, 'decode_speedup', '.2f', '×')} | {_iv(p, 'end_to_end_speedup', '.2f', '×')} "
+                f"| {_f((p.get('decomposition') or {}).get('predicted_decode_speedup'), '.2f')}× | {_f(p.get('predicted_speedup_own_alpha'), '.2f')}× "
+                f"| {p['alpha']:.3f} | {_iv(p, 'acceptance_rate', '.3f')} | {p['tokens_per_target_forward']:.2f} |"
             )
         lines.append("")
     lines += [f"![per-position acceptance]({ACCEPTANCE_PLOT})", "", f"![speedup vs k]({SPEEDUP_PLOT})", ""]
@@ -172,11 +235,11 @@ def write_outputs(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write report.json, report.md and the two plots into `out_dir`; return their paths."""
     out_dir = Path(out_dir)
     files = {
-        "report.json": (json.dumps(report, indent=2) + "\n").encode(),
+        "report.json": to_json(report).encode(),
         "report.md": markdown(report).encode(),
         ACCEPTANCE_PLOT: acceptance_plot(report),
         SPEEDUP_PLOT: speedup_plot(report),
     }
     for name, data in files.items():
-        write_atomic(out_dir / name, data)
+        atomic_write(out_dir / name, data)
     return [out_dir / name for name in files]

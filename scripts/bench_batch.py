@@ -11,17 +11,36 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from distill.common.benchmarks import command_line
+from distill.common.clock import Clock
 from distill.common.docs import markdown_table, write_section
+from distill.common.io import read_jsonl
 from distill.common.models import load_model, load_tokenizer
-from distill.common.provenance import MachineLoad, describe, warn
+from distill.common.prompts import chat_prompt_ids
+from distill.common.provenance import MachineLoad, describe, environment, warn
+from distill.common.vocab import cut_at_eos
 from distill.speculative import SpeculativeDecoder
+from distill.speculative.batch import left_pad
+
+HEADER = [
+    "mode",
+    "batch",
+    "tokens / row / target forward",
+    "acceptance",
+    "wall speedup vs target-only",
+    "tokens/s (ours)",
+    "tokens/s (target-only)",
+    "TTFT ms (median)",
+    "TPOT ms (median)",
+    "greedy identity (rows)",
+]
 
 
 def demo_pair(demo_dir: Path) -> tuple[Path, Path, Path]:
@@ -39,28 +58,76 @@ def load_prompts(path: Path | None, tokenizer: PreTrainedTokenizerBase, n: int) 
     """The first `n` rows' "prompt" fields of a JSONL file, each in the chat template."""
     if path is None or not path.exists():
         raise SystemExit(f'no prompt file at {path}: pass --prompts FILE.jsonl (one {{"prompt": ...}} per line)')
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:n]
+    rows = read_jsonl(path, n)
     if len(rows) < n or any("prompt" not in r for r in rows):
         raise SystemExit(f'{path} needs {n} rows with a "prompt" field (has {len(rows)}): lower --num-prompts or fix the file')
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        for r in rows
-    ]
+    return [chat_prompt_ids(tokenizer, r["prompt"]) for r in rows]
 
 
-def left_pad(prompts: list[list[int]], pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    return ids, mask
+@dataclass
+class Totals:
+    """Sums over the batches and passes of one (mode, batch size)."""
+
+    base_s: float = 0.0
+    spec_s: float = 0.0
+    new_tokens: int = 0
+    base_tokens: int = 0
+    forwards: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    same: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+    def add(self, expected: torch.Tensor, out: Any, width: int, eos: set[int]) -> None:
+        """One batch's target-only output and speculative output, both cut at their first EOS per row."""
+        theirs = [cut_at_eos(r[width:], eos) for r in expected.tolist()]
+        mine = [cut_at_eos(r[width:], eos) for r in out.sequences.tolist()]
+        self.same += sum(a == c for a, c in zip(mine, theirs))
+        self.base_tokens += sum(map(len, theirs))
+        s = out.stats
+        self.new_tokens, self.forwards = self.new_tokens + s.new_tokens, self.forwards + s.sequence_forwards
+        self.accepted, self.proposed = self.accepted + s.accepted, self.proposed + s.proposed
+        self.ttft.append(s.ttft_s)
+        self.tpot.append(s.tpot_s)
+
+    def row(self, mode: str, batch: int, prompts: int, repeats: int) -> dict[str, Any]:
+        return {
+            "mode": mode,
+            "batch": batch,
+            "tokens_per_row_per_forward": self.new_tokens / self.forwards,
+            "acceptance_rate": self.accepted / max(1, self.proposed),
+            "target_only_s": self.base_s,
+            "speculative_s": self.spec_s,
+            "speedup": self.base_s / self.spec_s,
+            "tokens_per_s": self.new_tokens / self.spec_s,
+            "target_only_tokens_per_s": self.base_tokens / self.base_s,
+            "ttft_ms": statistics.median(self.ttft) * 1e3,
+            "tpot_ms": statistics.median(self.tpot) * 1e3,
+            "greedy_identity": f"{self.same}/{prompts * repeats}" if mode != "sampled" else "-",
+        }
 
 
-def trim(row: list[int], eos: set[int]) -> list[int]:
-    """A row's new tokens up to and including its first EOS."""
-    for i, t in enumerate(row):
-        if t in eos:
-            return row[: i + 1]
-    return row
+def bench_one(target, decoder, batches, mode: str, gen_kwargs: dict, spec_kwargs: dict, eos: set[int], repeats: int, device: str, seed: int) -> Totals:
+    """Target-only `generate` and the decoder over every batch `repeats` times, alternating batch by
+    batch who goes first, after one warm-up of each (for a compiled backend, its compile)."""
+    sampled = mode == "sampled"
+    ids, mask = batches[0]
+    target.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+    decoder.generate(ids, mask, do_sample=sampled, seed=0, **spec_kwargs)
+    totals = Totals()
+    for rep in range(repeats):
+        for j, (ids, mask) in enumerate(batches):
+            for first in (True, False) if (rep + j) % 2 == 0 else (False, True):
+                if first:
+                    clock = Clock(device)
+                    expected = target.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+                    totals.base_s += clock.elapsed()
+                else:
+                    out = decoder.generate(ids, mask, do_sample=sampled, seed=seed + 1000 * rep + j, **spec_kwargs)
+                    totals.spec_s += out.stats.wall_s
+            totals.add(expected, out, ids.shape[1], eos)
+    return totals
 
 
 def bench(
@@ -82,75 +149,23 @@ def bench(
     target-only `generate` and the decoder alternate batch by batch, who goes first alternating."""
     decoder = SpeculativeDecoder(target, draft, num_draft_tokens=k, tokenizer=tokenizer, draft_tokenizer=tokenizer, backend=backend)
     eos_id, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    eos = {eos_id}
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    spec_kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_id, pad_token_id=pad)
     rows = []
     for mode in modes:
-        sampled = mode == "sampled"
-        gen_kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_id, pad_token_id=pad, do_sample=sampled)
-        if sampled:
+        gen_kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_id, pad_token_id=pad, do_sample=mode == "sampled")
+        if mode == "sampled":
             gen_kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         for b in batch_sizes:
-            batches = [left_pad(prompts[i : i + b], pad, device) for i in range(0, len(prompts), b)]
             if len(prompts) % b:
                 raise SystemExit(f"--num-prompts {len(prompts)} is not a multiple of batch size {b}")
-
-            def ours(ids, mask, seed_=None, sampled=sampled):
-                return decoder.generate(
-                    ids, mask, max_new_tokens=max_new_tokens, do_sample=sampled, temperature=temperature, eos_token_id=eos_id, pad_token_id=pad, seed=seed_
-                )
-
-            ids, mask = batches[0]
-            target.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)  # warm-up (and, compiled, the compile)
-            ours(ids, mask, 0)
-            base_s = spec_s = 0.0
-            new_tokens = base_tokens = forwards = accepted = proposed = same = 0
-            ttft, tpot = [], []
-            for rep in range(repeats):
-                for j, (ids, mask) in enumerate(batches):
-                    for first in (True, False) if (rep + j) % 2 == 0 else (False, True):
-                        sync()
-                        start = time.perf_counter()
-                        if first:
-                            expected = target.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
-                        else:
-                            out = ours(ids, mask, seed + 1000 * rep + j)
-                        sync()
-                        if first:
-                            base_s += time.perf_counter() - start
-                        else:
-                            spec_s += out.stats.wall_s
-                    width = ids.shape[1]
-                    theirs = [trim(r[width:], eos) for r in expected.tolist()]
-                    mine = [trim(r[width:], eos) for r in out.sequences.tolist()]
-                    same += sum(a == c for a, c in zip(mine, theirs))
-                    base_tokens += sum(map(len, theirs))
-                    s = out.stats
-                    new_tokens, forwards = new_tokens + s.new_tokens, forwards + s.sequence_forwards
-                    accepted, proposed = accepted + s.accepted, proposed + s.proposed
-                    ttft.append(s.ttft_s)
-                    tpot.append(s.tpot_s)
-            rows.append(
-                {
-                    "mode": mode,
-                    "batch": b,
-                    "tokens_per_row_per_forward": new_tokens / forwards,
-                    "acceptance_rate": accepted / max(1, proposed),
-                    "target_only_s": base_s,
-                    "speculative_s": spec_s,
-                    "speedup": base_s / spec_s,
-                    "tokens_per_s": new_tokens / spec_s,
-                    "target_only_tokens_per_s": base_tokens / base_s,
-                    "ttft_ms": statistics.median(ttft) * 1e3,
-                    "tpot_ms": statistics.median(tpot) * 1e3,
-                    "greedy_identity": f"{same}/{len(prompts) * repeats}" if not sampled else "-",
-                }
-            )
+            batches = [left_pad(prompts[i : i + b], pad, device) for i in range(0, len(prompts), b)]
+            totals = bench_one(target, decoder, batches, mode, gen_kwargs, spec_kwargs, {eos_id}, repeats, device, seed)
+            rows.append(totals.row(mode, b, len(prompts), repeats))
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--demo-dir", default="demo-output", help="a `distill demo` output folder (run there if it has no models)")
     ap.add_argument("--target", help="Hub id or path (default: the demo's target)")
@@ -170,46 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.target) != bool(args.draft):
         ap.error("give both --target and --draft, or neither for the demo pair")
-    if args.target:
-        target_path, draft_path, prompt_path = args.target, args.draft, None
-    else:
-        target_path, draft_path, prompt_path = demo_pair(Path(args.demo_dir))
-    prompt_path = Path(args.prompts) if args.prompts else prompt_path
-    dtype = getattr(torch, args.dtype)
-    tokenizer = load_tokenizer(target_path)
-    target = load_model(target_path, dtype=dtype, device=args.device)
-    draft = load_model(draft_path, dtype=dtype, device=args.device)
-    prompts = load_prompts(prompt_path, tokenizer, args.num_prompts)
-    load = MachineLoad().start()
-    rows = bench(
-        target,
-        draft,
-        tokenizer,
-        prompts,
-        args.batch_sizes,
-        args.num_draft_tokens,
-        args.max_new_tokens,
-        args.modes,
-        args.backend,
-        args.temperature,
-        args.repeats,
-        args.device,
-    )
-    load.stop()
+    return args
 
+
+def render(rows: list[dict], args: argparse.Namespace, target_path: Any, draft_path: Any, load: MachineLoad, argv: list[str] | None) -> str:
+    """The bench_batch section: the command, the table, what was measured and the machine's load."""
     table = markdown_table(
-        [
-            "mode",
-            "batch",
-            "tokens / row / target forward",
-            "acceptance",
-            "wall speedup vs target-only",
-            "tokens/s (ours)",
-            "tokens/s (target-only)",
-            "TTFT ms (median)",
-            "TPOT ms (median)",
-            "greedy identity (rows)",
-        ],
+        HEADER,
         [
             [
                 r["mode"],
@@ -226,20 +208,20 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
         ],
     )
-    command = "python scripts/bench_batch.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = "\n".join(
+    env = environment(args.device)
+    return "\n".join(
         [
             "## Decoder: batched speculative decoding, every row at its own accepted length",
             "",
             "```",
-            command.strip(),
+            command_line("bench_batch", argv),
             "```",
             "",
             table,
             "",
             f"Target {target_path}, draft {draft_path}; k = {args.num_draft_tokens}, {args.num_prompts} held-out prompts "
             f"(chat template, left-padded batches), {args.max_new_tokens} new tokens, {args.repeats} passes, backend {args.backend}, "
-            f"{args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads. Target-only = "
+            f"{args.device}, {args.dtype}, torch {env['torch']}, {env['torch_threads']} threads. Target-only = "
             "`target.generate` on the same left-padded batches, interleaved batch by batch (who goes first alternates); "
             f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
             "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
@@ -248,6 +230,37 @@ def main(argv: list[str] | None = None) -> int:
             describe(load.report()),
         ]
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.target:
+        target_path, draft_path, prompt_path = args.target, args.draft, None
+    else:
+        target_path, draft_path, prompt_path = demo_pair(Path(args.demo_dir))
+    prompt_path = Path(args.prompts) if args.prompts else prompt_path
+    dtype = getattr(torch, args.dtype)
+    tokenizer = load_tokenizer(target_path)
+    prompts = load_prompts(prompt_path, tokenizer, args.num_prompts)  # before the models: a bad file fails in seconds
+    target = load_model(target_path, dtype=dtype, device=args.device)
+    draft = load_model(draft_path, dtype=dtype, device=args.device)
+    load = MachineLoad().start()
+    rows = bench(
+        target,
+        draft,
+        tokenizer,
+        prompts,
+        args.batch_sizes,
+        args.num_draft_tokens,
+        args.max_new_tokens,
+        args.modes,
+        args.backend,
+        args.temperature,
+        args.repeats,
+        args.device,
+    )
+    load.stop()
+    md = render(rows, args, target_path, draft_path, load, argv)
     print(md)
     warn(load.report(), "bench_batch")
     if args.output:

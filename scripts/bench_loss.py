@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
+from distill.common.benchmarks import command_line
+from distill.common.clock import Clock
+from distill.common.provenance import environment
 from distill.training.losses import DIVERGENCES, distillation_loss, fused_divergence
 
 MIB = 2**20
@@ -85,15 +85,14 @@ def _child(args: argparse.Namespace) -> dict:
     else:
         baseline = _rss_bytes()
     setup_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    times, loss = [], step()
+    clock, marks, loss = Clock(device), [], step()
     for _ in range(args.repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        start = clock.mark()
         loss = step()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        marks.append((start, clock.mark()))
+    if cuda:
+        torch.cuda.synchronize()
+    times = [clock.seconds(i, j) for i, j in marks]
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if not cuda and peak <= setup_peak:
         print(f"warning: {args.variant}: the peak was reached while building the inputs", file=sys.stderr)
@@ -122,11 +121,12 @@ def main(argv: list[str] | None = None) -> None:
 
     base = results["unchunked"]
     base_time, base_peak, base_extra = min(base["times"]), base["peak"], base["peak"] - base["baseline"]
-    print(f"\n`python scripts/bench_loss.py {shlex.join(argv)}`\n")
+    env = environment(args.device)
+    print(f"\n`{command_line('bench_loss', argv)}`\n")
     print(
         f"{args.tokens:,} tokens x {args.vocab:,} vocab x hidden {args.hidden}, {args.divergence}, "
         f"{'dense teacher logits' if args.teacher == 'dense' else f'top-{args.top_k} teacher'}, {args.dtype} on "
-        f"{args.device} ({torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}); "
+        f"{env['device_name']} ({args.device}, {env['torch_threads']} threads, torch {env['torch']}); "
         f"forward+backward, fastest of {args.rounds * args.repeats} timed runs after a warm-up\n"
     )
     print("| computation | peak memory (MiB) | above inputs (MiB) | peak vs unchunked | time (s) | time vs unchunked | loss |")

@@ -24,9 +24,7 @@ import argparse
 import copy
 import json
 import os
-import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,34 +32,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from transformers import PreTrainedTokenizerBase
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import DOCS, GSM8K_DIR, REPO, chat_prompts, gsm8k_pair, read_jsonl, report  # noqa: E402
+from distill.commands.demo import measure
+from distill.commands.gsm8k_pair import gsm8k_pair
+from distill.common.benchmarks import command_line, report
+from distill.common.clock import Clock
+from distill.common.docs import markdown_table
+from distill.common.io import read_jsonl, write_json
+from distill.common.models import load_model
+from distill.common.prompts import chat_prompts
+from distill.common.provenance import MachineLoad
+from distill.common.ranks import spearman
+from distill.speculative import SpeculativeDecoder
+from distill.training.data import generate_responses, load_examples
+from distill.training.grid import CE, DIVERGENCES, SOURCES, WINNER, adaspec_grid, recipe_grid
+from distill.training.recipe import load_recipe
+from distill.training.train import build_trainer, train
 
-from distill.commands.demo import measure  # noqa: E402
-from distill.common.docs import markdown_table  # noqa: E402
-from distill.common.models import load_model  # noqa: E402
-from distill.speculative import SpeculativeDecoder  # noqa: E402
-from distill.training.data import generate_responses, load_examples  # noqa: E402
-from distill.training.recipe import load_recipe  # noqa: E402
-from distill.training.train import build_trainer, train  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "benchmarks.md"
+TINY_RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
+GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 PLOT = REPO / "docs" / "recipes-acceptance.png"
-CE = "cross-entropy (dataset responses)"
-# Training data: recipe overrides per source ("target" also gets its generation cache path).
-SOURCES = {
-    "dataset responses": {},
-    "target responses": {"data": {"response_source": "target"}},
-    "on-policy λ = 0.5": {"loss": {"lmbda": 0.5}},
-}
-DIVERGENCES = {
-    "forward KL": {"divergence": "forward_kl"},
-    "reverse KL": {"divergence": "reverse_kl"},
-    "JSD β = 0.5": {"divergence": "jsd", "beta": 0.5},
-    "TVD": {"divergence": "tvd"},
-}
-WINNER = "forward KL · target responses"  # the grid's best recipe (docs/benchmarks.md, bench_recipes): AdaSPEC's reference
 HEADER = [
     "recipe",
     "steps",
@@ -77,43 +71,6 @@ HEADER = [
 ]
 
 
-def recipe_grid(base: dict[str, Any], work: Path, steps: int, generation_max_new_tokens: int, on_policy_max_new_tokens: int) -> dict[str, dict[str, Any]]:
-    """The CE baseline and every source × divergence recipe from `base`: own output_dir under
-    `work`, the same seed, steps and draft init; training evaluates nothing (measured afterwards)."""
-
-    def one(slug: str, loss: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
-        recipe = copy.deepcopy(base)
-        recipe["output_dir"] = str(work / slug)
-        recipe["data"] = {**recipe["data"], "eval_split": None, **source.get("data", {})}
-        if recipe["data"].get("response_source") == "target":
-            recipe["data"].update(
-                generation_cache=str(work / "target-responses.jsonl"), generation_max_new_tokens=generation_max_new_tokens, generation_batch_size=32
-            )
-        recipe["loss"] = {**recipe.get("loss", {}), "max_new_tokens_on_policy": on_policy_max_new_tokens, **loss, **source.get("loss", {})}
-        recipe["training"] = {**recipe["training"], "max_steps": steps, "eval_steps": None, "save_steps": 10 * steps}
-        return recipe
-
-    grid = {CE: one("ce", {"divergence_weight": 0.0, "ce_weight": 1.0}, {})}
-    for div_name, div in DIVERGENCES.items():  # divergence outermost: a run cut short still covers every source
-        for source_name, source in SOURCES.items():
-            slug = f"{source_name.split()[0]}-{div['divergence']}".lower()
-            grid[f"{div_name} · {source_name}"] = one(slug, {**div, "divergence_weight": 1.0, "ce_weight": 0.0}, source)
-    return grid
-
-
-def adaspec_grid(grid: dict[str, dict[str, Any]], keeps: Sequence[float], work: Path) -> dict[str, dict[str, Any]]:
-    """AdaSPEC recipes: the winner's recipe, its loss on the `keep` fraction of tokens that its own
-    trained draft (the reference) shows are learnable."""
-    reference = str(Path(grid[WINNER]["output_dir"]) / "draft")
-    out = {}
-    for keep in keeps:
-        recipe = copy.deepcopy(grid[WINNER])
-        recipe["output_dir"] = str(work / f"adaspec-{keep:g}")
-        recipe["loss"]["token_selection"] = {"reference": reference, "keep_fraction": keep}
-        out[f"AdaSPEC keep {keep:g} · target responses"] = recipe
-    return out
-
-
 def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> float:
     """Generate (once) the target's responses the target-source recipes train on, into their
     generation cache, exactly as `distill.training.data` would; returns the seconds that first generation
@@ -123,7 +80,7 @@ def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenize
     if Path(spec.generation_cache).exists() and timing.exists():
         return json.loads(timing.read_text())["seconds"]
     examples = load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, recipe["seed"], subset=spec.subset)
-    started = time.perf_counter()
+    clock = Clock()
     generate_responses(
         target,
         tokenizer,
@@ -133,8 +90,8 @@ def target_generations(recipe: dict[str, Any], target: torch.nn.Module, tokenize
         batch_size=spec.generation_batch_size,
         max_prompt_length=spec.max_prompt_length,
     )
-    seconds = time.perf_counter() - started
-    timing.write_text(json.dumps({"seconds": seconds, "prompts": len(examples)}))
+    seconds = clock.elapsed()
+    write_json(timing, {"seconds": seconds, "prompts": len(examples)})
     return seconds
 
 
@@ -181,36 +138,6 @@ def sampled(
     return {"acceptance_rate": accepted / proposed if proposed else 0.0, "tokens_per_target_forward": new_tokens / forwards if forwards else 0.0}
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (ties get their mean rank): Pearson's r of the ranks."""
-
-    def ranks(v: Sequence[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for m in range(i, j + 1):
-                r[order[m]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else float("nan")
-
-
-def _write_json(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def run_recipe(
     recipe: dict[str, Any],
     target: torch.nn.Module,
@@ -224,9 +151,9 @@ def run_recipe(
     `generation_s` and `reference_s` (an AdaSPEC reference's training) count as its training time."""
     out = Path(recipe["output_dir"])
     shutil.rmtree(out, ignore_errors=True)
-    wall, cpu = time.perf_counter(), time.process_time()
+    clock, cpu = Clock(), time.process_time()
     train(load_recipe(recipe))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = clock.elapsed(), time.process_time() - cpu
     draft = load_model(out / "draft", dtype=torch.float32)
     greedy = measure(target, draft, tokenizer, prompts, args.k, args.max_new_tokens)
     sample = sampled(target, draft, tokenizer, prompts, args.k, args.max_new_tokens, args.temperature, args.seed)
@@ -343,12 +270,6 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def command_line(argv: Sequence[str] | None) -> str:
-    """The exact command that produced the table (one thread, as the study ran)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return "OMP_NUM_THREADS=1 python scripts/bench_recipes.py " + " ".join(shlex.quote(a) for a in args)
-
-
 def notes(
     results: dict[str, dict[str, Any]],
     args: argparse.Namespace,
@@ -414,8 +335,8 @@ def adaspec_notes(results: dict[str, dict[str, Any]], args: argparse.Namespace) 
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python scripts/bench_recipes.py [options]`."""
+def build_parser() -> argparse.ArgumentParser:
+    """The study's options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gsm8k-dir", default=str(GSM8K_DIR), help="directory with GSM8K train.jsonl and test.jsonl")
     parser.add_argument("--rows", type=int, default=7473, help="GSM8K train rows (tokenizer, target and drafts)")
@@ -435,11 +356,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", default=str(REPO / "runs" / "gsm8k"))
     parser.add_argument("--docs", type=Path, default=DOCS, help="the benchmarks file whose section is rewritten")
     parser.add_argument("--plot", type=Path, default=PLOT, help="where the acceptance-vs-time plot goes")
+    return parser
+
+
+def run_wanted(
+    grid: dict[str, dict[str, Any]],
+    wanted: Sequence[str],
+    adaspec: dict[str, dict[str, Any]],
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[torch.Tensor],
+    args: argparse.Namespace,
+    work: Path,
+) -> dict[str, dict[str, Any]]:
+    """Train and measure each `wanted` recipe not yet in <work>/results.json under the same settings,
+    saving the results after each; returns every result those settings have."""
+    settings = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in ("only", "docs", "plot", "adaspec")}, default=str))
+    results_path = work / "results.json"
+    saved = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results = saved.get("results", {}) if saved.get("settings") == settings else {}
+    generation_s = None
+    for name in wanted:
+        if name in results:
+            continue
+        recipe = grid[name]
+        from_target = recipe["data"].get("response_source") == "target"
+        if from_target and generation_s is None:
+            generation_s = target_generations(recipe, target, tokenizer)
+        print(f"--- {name}", flush=True)
+        before = results[WINNER]["train_cpu_s"] - results[WINNER]["generation_s"] if name in adaspec else 0.0  # the reference's training
+        results[name] = run_recipe(recipe, target, tokenizer, prompts, args, generation_s if from_target else 0.0, before)
+        write_json(results_path, {"settings": settings, "results": results})
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python scripts/bench_recipes.py [options]`."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not (Path(args.gsm8k_dir) / "train.jsonl").is_file():
         parser.error(f"no train.jsonl in {args.gsm8k_dir}: pass --gsm8k-dir pointing at the GSM8K data")
-    started = time.perf_counter()
-    target, tokenizer, base, rows = gsm8k_pair(args)
+    load, clock = MachineLoad().start(), Clock()
+    base = yaml.safe_load(TINY_RECIPE.read_text())
+    target, tokenizer, base, rows = gsm8k_pair(args.gsm8k_dir, args.rows, args.vocab_size, args.target_steps, args.work, base)
     work = Path(args.work).resolve() / "recipes"
     work.mkdir(parents=True, exist_ok=True)
     grid = recipe_grid(base, work, args.steps, args.generation_max_new_tokens, args.on_policy_max_new_tokens)
@@ -449,46 +408,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown recipes {unknown}: choose from {sorted(grid)}")
     prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(Path(args.gsm8k_dir) / "test.jsonl", args.prompts)])
-    settings = {k: v for k, v in vars(args).items() if k not in ("only", "docs", "plot", "adaspec")}
-    results_path = work / "results.json"
-    saved = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results = saved.get("results", {}) if saved.get("settings") == json.loads(json.dumps(settings, default=str)) else {}
-    generation_s = None
     wanted = [WINNER, *adaspec] if adaspec else args.only or [n for n in grid if n not in adaspec]
-    for name in wanted:
-        if name in results:
-            continue
-        recipe = grid[name]
-        if recipe["data"].get("response_source") == "target" and generation_s is None:
-            generation_s = target_generations(recipe, target, tokenizer)
-        print(f"--- {name}", flush=True)
-        before = results[WINNER]["train_cpu_s"] - results[WINNER]["generation_s"] if name in adaspec else 0.0  # the reference's training
-        results[name] = run_recipe(recipe, target, tokenizer, prompts, args, generation_s if recipe["data"].get("response_source") == "target" else 0.0, before)
-        _write_json(results_path, {"settings": json.loads(json.dumps(settings, default=str)), "results": results})
+    results = run_wanted(grid, wanted, adaspec, target, tokenizer, prompts, args, work)
+    cmd = "OMP_NUM_THREADS=1 " + command_line("bench_recipes", argv)  # one thread, as the study ran
     if adaspec:
         shown = {n: results[n] for n in wanted}
-        table = markdown_table(ADASPEC_HEADER, adaspec_rows(shown))
-        report(
-            "bench_adaspec",
-            "Selective distillation (AdaSPEC) against its reference (GSM8K tiny pair)",
-            command_line(argv),
-            table,
-            adaspec_notes(shown, args),
-            args.docs,
-        )
-        print(f"({time.perf_counter() - started:.0f} s)")
-        return 0
-    plot_path = plot(results, args.plot)
-    table = markdown_table(HEADER, rows_for(results))
-    report(
-        "bench_recipes",
-        "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)",
-        command_line(argv),
-        table,
-        notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path, [n for n in grid if n not in results]),
-        args.docs,
-    )
-    print(f"({time.perf_counter() - started:.0f} s)")
+        title = "Selective distillation (AdaSPEC) against its reference (GSM8K tiny pair)"
+        report("bench_adaspec", title, cmd, markdown_table(ADASPEC_HEADER, adaspec_rows(shown)), adaspec_notes(shown, args), args.docs, load)
+    else:
+        plot_path = plot(results, args.plot)
+        text = notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path, [n for n in grid if n not in results])
+        title = "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)"
+        report("bench_recipes", title, cmd, markdown_table(HEADER, rows_for(results)), text, args.docs, load)
+    print(f"({clock.elapsed():.0f} s)")
     return 0
 
 

@@ -13,12 +13,7 @@ Each prints a Markdown table with its command line and rewrites its section of d
 from __future__ import annotations
 
 import argparse
-import copy
-import json
-import shlex
 import shutil
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,24 +23,25 @@ import yaml
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from distill.commands.demo import measure
-from distill.commands.prepare_tiny import DEFAULTS as TINY_DEFAULTS
-from distill.commands.prepare_tiny import prepare, saved_tokenizer, train_target
-from distill.common.docs import markdown_table, write_section
+from distill.commands.gsm8k_pair import gsm8k_pair
+from distill.commands.prepare_tiny import prepare
+from distill.common.benchmarks import command_line, report
+from distill.common.clock import Clock
+from distill.common.docs import markdown_table
+from distill.common.io import read_jsonl
 from distill.common.models import load_model, load_tokenizer
-from distill.common.provenance import MachineLoad, describe, versions, warn
+from distill.common.prompts import chat_prompts
+from distill.common.provenance import MachineLoad, environment
+from distill.training.grid import objective_recipes
 from distill.training.recipe import load_recipe
 from distill.training.train import train
+from distill.training.trl_baseline import run_trl_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "benchmarks.md"
 TINY_RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
-# The two objectives compared: the same draft, data, seed and steps; only the loss differs.
-OBJECTIVES = {
-    "cross-entropy only": {"divergence_weight": 0.0, "ce_weight": 1.0},
-    "KL-distilled (forward KL)": {"divergence": "forward_kl", "divergence_weight": 1.0, "ce_weight": 0.0},
-}
 HEADER = ["draft", "steps", "acceptance rate", "tokens / target forward", "greedy identity", "held-out 1 − TVD", "train tokens/s", "train s"]
 
 LOAD = MachineLoad().start()  # what else ran while this benchmark ran, from its start
@@ -61,40 +57,9 @@ class TokensSeen(TrainerCallback):
         self.tokens = int(state.num_input_tokens_seen)
 
 
-def chat_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str]) -> list[torch.Tensor]:
-    """Each question as a one-turn chat with the generation prompt, as [1, T] input ids."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt")["input_ids"] for q in questions]
-
-
-def read_jsonl(path: Path, n: int | None = None) -> list[dict[str, Any]]:
-    """The first `n` rows of a JSONL file (all when n is None)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: prepare it first (or pass the right directory)")
-    rows = []
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-                if n is not None and len(rows) == n:
-                    break
-    return rows
-
-
 def base_recipe() -> dict[str, Any]:
     """recipes/tiny-cpu.yaml as a plain dict (validated by load_recipe when each run starts)."""
     return yaml.safe_load(TINY_RECIPE.read_text())
-
-
-def objective_recipes(base: dict[str, Any], work: Path, steps: int) -> dict[str, dict[str, Any]]:
-    """One recipe per objective from `base`: own output_dir under `work`, same seed and steps."""
-    recipes = {}
-    for i, (name, loss) in enumerate(OBJECTIVES.items()):
-        recipe = copy.deepcopy(base)
-        recipe["output_dir"] = str(work / ("draft-ce" if i == 0 else "draft-kd"))
-        recipe["loss"] = {**recipe.get("loss", {}), **loss}
-        recipe["training"] = {**recipe["training"], "max_steps": steps, "eval_steps": steps, "save_steps": 10 * steps}
-        recipes[name] = recipe
-    return recipes
 
 
 def train_and_measure(
@@ -129,32 +94,16 @@ def row(name: str, r: dict[str, Any]) -> list[Any]:
     ]
 
 
-def command_line(argv: Sequence[str] | None) -> str:
-    """The exact command that produced a table."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return "python scripts/bench_train.py " + " ".join(shlex.quote(a) for a in args)
-
-
-def report(section: str, title: str, cmd: str, table: str, notes: str, docs: Path) -> str:
-    """Print the table with its command and write it as `section` of docs/benchmarks.md, with the
-    machine's load since this script started (its timings are only as good as the machine was idle)."""
-    load = LOAD.report()
-    text = f"## {title}\n\n```\n{cmd}\n```\n\n{table}\n\n{notes}\n\n{describe(load)}\n"
-    print(text)
-    warn(load, "bench")
-    write_section(docs, section, text)
-    return text
-
-
 def pair_sizes(tokenizer: PreTrainedTokenizerBase, target: torch.nn.Module, recipe: dict[str, Any]) -> str:
     """The embedding sizes actually trained on, as measured (not as the recipe comment assumes)."""
     return f"tokenizer {len(tokenizer)} tokens, target {target.config.vocab_size} embedding rows, draft {recipe['draft']['config']['vocab_size']} rows"
 
 
-def _environment() -> str:
-    found = versions()
-    libs = ", ".join(f"{name} {found[name]}" for name in ("torch", "transformers", "tokenizers", "datasets", "accelerate", "trl") if found.get(name))
-    return f"CPU, {torch.get_num_threads()} threads, fp32, {libs}"
+def conditions() -> str:
+    """Where the timings ran, from the one environment record: device, threads, precision, libraries."""
+    env = environment()
+    libs = ", ".join(f"{name} {env[name]}" for name in ("torch", "transformers", "tokenizers", "datasets", "accelerate", "trl") if env.get(name))
+    return f"{env['device_name']} ({env['device']}), {env['torch_threads']} threads, fp32, {libs}"
 
 
 # ---------------------------------------------------------------------------------------- tiny
@@ -180,77 +129,20 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         f"{load_recipe(TINY_RECIPE).training.max_steps}), seed 0, batch 16, lr 3e-3. Measured with "
         f"distill.speculative, greedy, k = {args.k}, {len(prompts)} held-out prompts from eval.jsonl, "
         f"{args.max_new_tokens} new tokens; greedy identity = share of prompts whose output equals "
-        f"target-only `generate`. {_environment()}."
+        f"target-only `generate`. {conditions()}."
     )
     table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
-    report("bench_train_tiny", "Training: KL distillation vs cross-entropy (tiny-cpu.yaml)", cmd, table, notes, args.docs)
+    report("bench_train_tiny", "Training: KL distillation vs cross-entropy (tiny-cpu.yaml)", cmd, table, notes, args.docs, LOAD)
     return results
 
 
 # ---------------------------------------------------------------------------------------- gsm8k
 
 
-def gsm8k_target(rows: list[dict[str, Any]], out: Path, settings: dict[str, Any]) -> Path:
-    """A tiny target with a tokenizer built on GSM8K train text, trained briefly with CE on it,
-    saved to `out`/target (reused when its settings match)."""
-    from distill.common.tiny import build_tokenizer
-
-    target_dir = out / "target"
-    info_path = out / "target_info.json"
-    if info_path.exists() and json.loads(info_path.read_text()).get("settings") == settings and (target_dir / "config.json").exists():
-        return target_dir
-    out.mkdir(parents=True, exist_ok=True)
-    work = out / ".target.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    texts = [t for r in rows for t in (r["question"], r["answer"])] + ["You are a helpful assistant.", "system user assistant"]
-    tokenizer = saved_tokenizer(build_tokenizer(texts, vocab_size=settings["vocab_size"]), str(work))
-    chats = [
-        tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}], tokenize=False) for r in rows
-    ]
-    model, loss = train_target(tokenizer, chats, settings, str(work / "trainer"))
-    shutil.rmtree(work / "trainer", ignore_errors=True)
-    model.save_pretrained(work)
-    tokenizer.save_pretrained(work)
-    shutil.rmtree(target_dir, ignore_errors=True)
-    work.rename(target_dir)
-    info_path.write_text(
-        json.dumps({"settings": settings, "final_train_loss": loss, "tokenizer_size": len(tokenizer), "embedding_rows": model.config.vocab_size}, indent=2)
-    )
-    return target_dir
-
-
-def gsm8k_pair(args: argparse.Namespace) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, dict[str, Any], list[dict[str, Any]]]:
-    """The GSM8K tiny pair from `args` (gsm8k_dir, rows, vocab_size, target_steps, work): the trained
-    target, its tokenizer, the base draft recipe on the train rows (test rows held out) and the rows."""
-    data = Path(args.gsm8k_dir).resolve()
-    train_file, test_file = data / "train.jsonl", data / "test.jsonl"
-    rows = read_jsonl(train_file, args.rows)
-    work = Path(args.work).resolve()
-    settings = {**TINY_DEFAULTS, "vocab_size": args.vocab_size, "steps": args.target_steps, "max_position_embeddings": 1024, "rows": len(rows)}
-    settings.pop("train_examples"), settings.pop("eval_examples")
-    target_dir = gsm8k_target(rows, work, settings)
-    tokenizer = load_tokenizer(target_dir)
-    target = load_model(target_dir, dtype=torch.float32)
-    base = base_recipe()
-    base["target"]["name_or_path"] = str(target_dir)
-    base["draft"]["config"]["vocab_size"] = len(tokenizer) + 8
-    base["data"] = {
-        "dataset": str(train_file),
-        "adapter": "gsm8k",
-        "num_samples": len(rows),
-        "eval_split": str(test_file),
-        "eval_samples": 64,
-        "max_prompt_length": 192,
-        "max_length": 384,
-    }
-    return target, tokenizer, base, rows
-
-
 def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     """KD vs CE on GSM8K text: target and drafts trained on train.jsonl, measured on test questions."""
     data = Path(args.gsm8k_dir).resolve()
-    target, tokenizer, base, rows = gsm8k_pair(args)
+    target, tokenizer, base, rows = gsm8k_pair(args.gsm8k_dir, args.rows, args.vocab_size, args.target_steps, args.work, base_recipe())
     work = Path(args.work).resolve()
     prompts = chat_prompts(tokenizer, [r["question"] for r in read_jsonl(data / "test.jsonl", args.prompts)])
     results = {
@@ -264,62 +156,14 @@ def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         f"{len(tokenizer) + 8} rows) trained {args.steps} steps on the same rows (gsm8k adapter, question → answer), "
         f"seed 0, batch 16, lr 3e-3; held-out 1 − TVD on 64 test rows. Measured with distill.speculative, greedy, "
         f"k = {args.k}, the first {len(prompts)} test.jsonl questions with the chat template, {args.max_new_tokens} "
-        f"new tokens. {_environment()}."
+        f"new tokens. {conditions()}."
     )
     table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
-    report("bench_train_gsm8k", "Training: KL distillation vs cross-entropy (GSM8K text)", cmd, table, notes, args.docs)
+    report("bench_train_gsm8k", "Training: KL distillation vs cross-entropy (GSM8K text)", cmd, table, notes, args.docs, LOAD)
     return results
 
 
 # ---------------------------------------------------------------------------------------- trl
-
-
-def trl_dataset(rows: list[dict[str, Any]]):
-    """TRL's conversational prompt format: {"prompt": [{"role": "user", "content": ...}]}."""
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows])
-
-
-def run_trl_trainer(
-    target_dir: Path, draft_config: dict[str, Any], rows: list[dict[str, Any]], training: dict[str, Any], out: Path, seed: int, max_completion_length: int
-) -> dict[str, Any]:
-    """trl.DistillationTrainer with its defaults except the shared steps/batch/lr, fp32 on CPU and
-    the completion length; the draft's embedding matches the target's (TRL requires it)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, set_seed
-    from trl import DistillationConfig, DistillationTrainer
-
-    tokenizer = load_tokenizer(target_dir)
-    tokenizer.padding_side = "left"
-    teacher = load_model(target_dir, dtype=torch.float32)
-    config = Qwen2Config(**{**draft_config, "vocab_size": teacher.config.vocab_size})
-    config.eos_token_id, config.pad_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
-    set_seed(seed)
-    student = Qwen2ForCausalLM(config)
-    cpu = not torch.cuda.is_available()
-    args = DistillationConfig(
-        output_dir=str(out),
-        seed=seed,
-        max_steps=training["max_steps"],
-        per_device_train_batch_size=training["per_device_train_batch_size"],
-        learning_rate=training["learning_rate"],
-        max_completion_length=max_completion_length,
-        bf16=not cpu,
-        use_cpu=cpu,
-        save_strategy="no",
-        report_to="none",
-    )
-    trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=trl_dataset(rows), processing_class=tokenizer)
-    result = trainer.train()
-    trainer.model.save_pretrained(out / "draft")
-    tokenizer.save_pretrained(out / "draft")
-    return {
-        "train_s": result.metrics["train_runtime"],
-        "train_tokens_per_s": trainer.state.num_input_tokens_seen / result.metrics["train_runtime"],
-        "beta": args.beta,
-        "gradient_checkpointing": args.gradient_checkpointing,
-        "lr_scheduler": str(args.lr_scheduler_type),
-    }
 
 
 def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
@@ -370,11 +214,11 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         f"bf16=False/use_cpu on CPU, save_strategy='no' and max_completion_length={args.trl_completion_length} "
         f"(default 512; our max_length is 128). tokens/s = non-padding tokens trained on (TRL: prompt + generated "
         f"completion, generation time included) / train_runtime. Both drafts measured with distill.speculative, "
-        f"greedy, k = {args.k}, {len(prompts)} eval.jsonl prompts, {args.max_new_tokens} new tokens. {_environment()}."
+        f"greedy, k = {args.k}, {len(prompts)} eval.jsonl prompts, {args.max_new_tokens} new tokens. {conditions()}."
     )
     if error:
         notes += f"\n\nTRL's DistillationTrainer could not run on this pair:\n\n```\n{error}\n```"
-    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd, markdown_table(header, rows), notes, args.docs)
+    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd, markdown_table(header, rows), notes, args.docs, LOAD)
     return {"ours": ours, "trl": trl_result}
 
 
@@ -402,9 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.bench == "gsm8k" and not (Path(args.gsm8k_dir) / "train.jsonl").is_file():
         parser.error(f"no train.jsonl in {args.gsm8k_dir}: pass --gsm8k-dir pointing at the GSM8K data")
-    started = time.perf_counter()
-    {"tiny": run_tiny, "gsm8k": run_gsm8k, "trl": run_trl}[args.bench](args, command_line(argv))
-    print(f"({time.perf_counter() - started:.0f} s)")
+    clock = Clock()
+    {"tiny": run_tiny, "gsm8k": run_gsm8k, "trl": run_trl}[args.bench](args, command_line("bench_train", argv))
+    print(f"({clock.elapsed():.0f} s)")
     return 0
 
 

@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
-import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -68,26 +65,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class Clock:
-    """Stage timings against per-stage budgets and one deadline for the run."""
+class Stages:
+    """Runs the check's stages against per-stage budgets and one deadline for the run, recording each
+    stage's seconds and status; time is read from distill.common.clock's Clock (the host's)."""
 
     def __init__(self, deadline_s: float):
-        self.start, self.deadline_s, self.stages = time.perf_counter(), deadline_s, []
+        from distill.common.clock import Clock
+
+        self.clock, self.deadline_s, self.stages = Clock(), deadline_s, []
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock.elapsed()
 
     def left(self) -> float:
         return self.deadline_s - self.elapsed()
 
-    def stage(self, name: str, budget_s: float, fn, results: dict):
+    def run(self, name: str, budget_s: float, fn, results: dict):
         """Run fn() as a stage: print its timing, record an error or a skip instead of raising."""
         if self.left() < 5:
             print(f"[{self.elapsed():6.1f}s] SKIP {name}: deadline reached", flush=True)
             self.stages.append({"stage": name, "budget_s": budget_s, "seconds": 0.0, "status": "skipped (deadline)"})
             return None
         print(f"[{self.elapsed():6.1f}s] {name} (budget {budget_s:.0f}s) ...", flush=True)
-        t0 = time.perf_counter()
+        start = self.clock.mark()
         status, value = "ok", None
         try:
             value = fn()
@@ -95,7 +95,8 @@ class Clock:
             traceback.print_exc()
             status = f"failed: {type(exc).__name__}: {exc}"
             results.setdefault("errors", []).append({"stage": name, "error": status})
-        seconds = time.perf_counter() - t0
+        self.clock.mark()
+        seconds = self.clock.seconds(start, -1)
         over = " OVER BUDGET" if seconds > budget_s else ""
         print(f"[{self.elapsed():6.1f}s] {name}: {status}, {seconds:.1f}s{over}", flush=True)
         self.stages.append({"stage": name, "budget_s": budget_s, "seconds": seconds, "status": status})
@@ -103,22 +104,14 @@ class Clock:
 
 
 def environment(args) -> dict:
-    import torch
-    import transformers
+    """distill.common.provenance's environment record, with the GPU's memory and whether this is the CPU smoke."""
+    from distill.common.provenance import environment as record
 
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "device": args.device,
-        "cpu_smoke": args.cpu_smoke,
-    }
+    env = {**record(args.device), "cpu_smoke": args.cpu_smoke}
     if args.device == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(0)
+        import torch
+
         env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-    else:
-        env["device_name"] = platform.processor() or platform.machine()
     return env
 
 
@@ -255,7 +248,7 @@ def stage_costs(models: dict, args, mode: str, results: dict) -> dict:
     return out
 
 
-def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock: Clock, results: dict) -> None:
+def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, stages: Stages, results: dict) -> None:
     """run_synthetic for each draft and α through one backend, against that backend's baseline."""
     from distill.commands.synthetic import run_synthetic, target_baseline
 
@@ -267,7 +260,7 @@ def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock:
     for alpha in sorted(args.alphas, reverse=True):  # α >= 0.7 first: the check needs those
         for name in DRAFTS:
             k = ks[(name, alpha)]
-            if clock.left() < 25:  # one eager run at 7B takes ~10 s
+            if stages.left() < 25:  # one eager run at 7B takes ~10 s
                 runs.append({"draft": name, "alpha": alpha, "k": k, "skipped": "deadline"})
                 continue
             r = run_synthetic(target, models[name], alpha, k, prompts, args.max_new_tokens, costs=costs[name], baseline=baseline, backend=mode)
@@ -280,12 +273,10 @@ def stage_synthetic(models: dict, args, mode: str, costs: dict, ks: dict, clock:
             )
 
 
-def render(results: dict, args) -> str:
-    from distill.common.docs import markdown_table
-
+def render_header(results: dict, args, label: str) -> list[str]:
+    """The section's title and what ran where."""
     env = results["environment"]
-    label = "static" if args.cpu_smoke else "graphed"
-    lines = [
+    return [
         "## GPU verification loop: static caches + CUDA graphs vs eager (issue 5)",
         "",
         f"`bash scripts/gpu_check.sh{' --cpu-smoke' if args.cpu_smoke else ''}` — {env['device_name']} ({env['device']}), "
@@ -296,90 +287,106 @@ def render(results: dict, args) -> str:
         f"{args.eager_prompts} through the eager one), {args.max_new_tokens} new tokens, greedy, EOS ignored. "
         f"Total {results.get('total_s', 0):.0f}s.",
     ]
-    ident = results.get("identity")
-    if ident:
+
+
+def render_identity(ident: dict, label: str) -> list[str]:
+    """Stage 1: which outputs matched, and the graphed loop's sampling."""
+    from distill.common.docs import markdown_table
+
+    lines = [
+        "",
+        f"**Greedy identity, natural random weights** ({ident['num_prompts']} prompts × {ident['new_tokens']} tokens; "
+        f"one-step vs whole-sequence argmax agreement of the target itself: "
+        f"{ident['one_step_vs_whole_sequence_argmax_agreement']:.1%}, a measure of near-ties in these logits):",
+        "",
+        markdown_table(
+            ["outputs compared", "identical sequences", "mean identical prefix"],
+            [[r["pair"], f"{r['identity_rate']:.0%}", f"{r['mean_identical_prefix']:.0%}"] for r in ident["rows"]],
+        ),
+    ]
+    sampled = ident.get("graphed_sampling")
+    if sampled:
         lines += [
             "",
-            f"**Greedy identity, natural random weights** ({ident['num_prompts']} prompts × {ident['new_tokens']} tokens; "
-            f"one-step vs whole-sequence argmax agreement of the target itself: "
-            f"{ident['one_step_vs_whole_sequence_argmax_agreement']:.1%}, a measure of near-ties in these logits):",
-            "",
-            markdown_table(
-                ["outputs compared", "identical sequences", "mean identical prefix"],
-                [[r["pair"], f"{r['identity_rate']:.0%}", f"{r['mean_identical_prefix']:.0%}"] for r in ident["rows"]],
-            ),
+            f"Sampling through the {label} loop (one batch of {sampled['rows']}, temperature 0.7): acceptance "
+            f"{sampled['acceptance_rate']:.3f}, every token inside the vocabulary: {'yes' if sampled['tokens_in_vocab'] else 'NO'}.",
         ]
-        sampled = ident.get("graphed_sampling")
-        if sampled:
-            lines += [
-                "",
-                f"Sampling through the {label} loop (one batch of {sampled['rows']}, temperature 0.7): acceptance "
-                f"{sampled['acceptance_rate']:.3f}, every token inside the vocabulary: {'yes' if sampled['tokens_in_vocab'] else 'NO'}.",
-            ]
-    costs = results.get("costs", {})
-    if costs:
-        rows = []
-        for mode, per in costs.items():
-            for name, c in per.items():
-                rows.append(
-                    [name, label if mode == "static" else mode, c["target_step_s"] * 1e3, c["draft_step_s"] * 1e3, c["c"]]
-                    + [c["v"].get(str(k), "") for k in args.ks]
-                )
-        lines += [
-            "",
-            "**Step costs** (warm cache of the prompt length; median):",
-            "",
-            markdown_table(["draft", "loop", "target step ms", "draft step ms", "c"] + [f"v({k})" for k in args.ks], rows),
-        ]
-    synth = results.get("synthetic", {})
+    return lines
+
+
+def render_costs(costs: dict, args, label: str) -> list[str]:
+    """Stage 2: c and v(k) per draft and loop."""
+    from distill.common.docs import markdown_table
+
+    rows = []
+    for mode, per in costs.items():
+        for name, c in per.items():
+            rows.append(
+                [name, label if mode == "static" else mode, c["target_step_s"] * 1e3, c["draft_step_s"] * 1e3, c["c"]]
+                + [c["v"].get(str(k), "") for k in args.ks]
+            )
+    return [
+        "",
+        "**Step costs** (warm cache of the prompt length; median):",
+        "",
+        markdown_table(["draft", "loop", "target step ms", "draft step ms", "c"] + [f"v({k})" for k in args.ks], rows),
+    ]
+
+
+def _speedup_cells(r: dict | None) -> list[str]:
+    if r is None or "skipped" in r:
+        return ["-", "-", "-"]
+    return [f"{r['predicted_speedup']:.2f}×", f"{r['decode_speedup']:.2f}×", f"{(r['decode_speedup'] / r['predicted_speedup'] - 1) * 100:+.1f}%"]
+
+
+def synthetic_rows(synth: dict) -> list[list]:
+    """One row per (draft, α): k, measured α, each loop's predicted and measured speedup, their ratio."""
     static = {(r["draft"], r["alpha"]): r for r in synth.get("static", [])}
     eager = {(r["draft"], r["alpha"]): r for r in synth.get("eager", [])}
-    keys = sorted(set(static) | set(eager), key=lambda t: (t[0], t[1]))
-    if keys:
+    per_prompt = lambda r: r["speculative_s"] / r["num_prompts"]  # noqa: E731
+    rows = []
+    for key in sorted(set(static) | set(eager), key=lambda t: (t[0], t[1])):
+        s, e = static.get(key), eager.get(key)
+        ref = s if s and "skipped" not in s else e
+        ratio = f"{per_prompt(e) / per_prompt(s):.2f}×" if s and e and "skipped" not in s and "skipped" not in e else "-"
+        rows.append(
+            [key[0], key[1], ref["k"] if ref else "-", f"{ref['measured_alpha']:.3f}" if ref and "measured_alpha" in ref else "-"]
+            + _speedup_cells(s)
+            + _speedup_cells(e)
+            + [ratio, f"{s['greedy_identity']:.0%}" if s and "greedy_identity" in s else "-"]
+        )
+    return rows
 
-        def cells(r):
-            if r is None or "skipped" in r:
-                return ["-", "-", "-"]
-            return [f"{r['predicted_speedup']:.2f}×", f"{r['decode_speedup']:.2f}×", f"{(r['decode_speedup'] / r['predicted_speedup'] - 1) * 100:+.1f}%"]
 
-        rows = []
-        for key in keys:
-            s, e = static.get(key), eager.get(key)
-            ref = s if s and "skipped" not in s else e
-            per_prompt = lambda r: r["speculative_s"] / r["num_prompts"]  # noqa: E731
-            ratio = f"{per_prompt(e) / per_prompt(s):.2f}×" if s and e and "skipped" not in s and "skipped" not in e else "-"
-            rows.append(
-                [key[0], key[1], ref["k"] if ref else "-", f"{ref['measured_alpha']:.3f}" if ref and "measured_alpha" in ref else "-"]
-                + cells(s)
-                + cells(e)
-                + [ratio, f"{s['greedy_identity']:.0%}" if s and "greedy_identity" in s else "-"]
-            )
-        lines += [
-            "",
-            f"**Synthetic acceptance**: distill.commands.synthetic's SyntheticDraft proposes the target's own token with probability α "
-            "per position; target weights re-drawn without near-ties (make_decisive) so the greedy path cannot drift. "
-            f"k = best k of the {label} costs, the same k for both loops. Speedup = target-only decode time over speculative "
-            "decode time through the same loop (TTFT excluded); predicted = E[tokens per round] / (k·c + v(k)) from the "
-            "measured α and that loop's c, v(k).",
-            "",
-            markdown_table(
-                [
-                    "draft",
-                    "α",
-                    "k",
-                    "measured α",
-                    f"{label} predicted",
-                    f"{label} measured",
-                    f"{label} error",
-                    "eager predicted",
-                    "eager measured",
-                    "eager error",
-                    f"eager / {label} wall",
-                    f"{label} identity",
-                ],
-                rows,
-            ),
-        ]
+def render_synthetic(rows: list[list], label: str) -> list[str]:
+    """Stage 3: measured against predicted speedup at synthetic acceptance, both loops."""
+    from distill.common.docs import markdown_table
+
+    header = ["draft", "α", "k", "measured α", f"{label} predicted", f"{label} measured", f"{label} error"]
+    header += ["eager predicted", "eager measured", "eager error", f"eager / {label} wall", f"{label} identity"]
+    return [
+        "",
+        f"**Synthetic acceptance**: distill.commands.synthetic's SyntheticDraft proposes the target's own token with probability α "
+        "per position; target weights re-drawn without near-ties (make_decisive) so the greedy path cannot drift. "
+        f"k = best k of the {label} costs, the same k for both loops. Speedup = target-only decode time over speculative "
+        "decode time through the same loop (TTFT excluded); predicted = E[tokens per round] / (k·c + v(k)) from the "
+        "measured α and that loop's c, v(k).",
+        "",
+        markdown_table(header, rows),
+    ]
+
+
+def render(results: dict, args) -> str:
+    """The gpu_check section: every stage's table that ran, the check's verdict and the stages' times."""
+    label = "static" if args.cpu_smoke else "graphed"
+    lines = render_header(results, args, label)
+    if results.get("identity"):
+        lines += render_identity(results["identity"], label)
+    if results.get("costs"):
+        lines += render_costs(results["costs"], args, label)
+    rows = synthetic_rows(results.get("synthetic", {}))
+    if rows:
+        lines += render_synthetic(rows, label)
     check = results.get("check")
     if check:
         lines += ["", f"**Check** ({label} loop within {CHECK_TOLERANCE:.0%} of its prediction for α ≥ {CHECK_ALPHA}): " + check["summary"]]
@@ -409,22 +416,14 @@ def check(results: dict, args) -> dict:
     return {"passed": passed and len(runs) == expected, "verdict": verdict, "errors": [list(e) for e in errors], "summary": summary}
 
 
-def write_json(path: str, payload: dict) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, target)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    clock = Clock(args.deadline_s)
+    stages = Stages(args.deadline_s)
     check_environment(args)
     import torch
 
     from distill.common.docs import write_section
+    from distill.common.io import write_json
     from distill.speculative.costs import best_k
 
     if args.cpu_smoke:
@@ -443,9 +442,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  GPU memory allocated: {torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
 
     def stage(name: str, budget_s: float, smoke_budget_s: float, fn):
-        value = clock.stage(name, smoke_budget_s if args.cpu_smoke else budget_s, fn, results)
+        value = stages.run(name, smoke_budget_s if args.cpu_smoke else budget_s, fn, results)
         if args.json:  # what is done so far survives a kill
-            write_json(args.json, {**results, "stages": clock.stages, "total_s": clock.elapsed()})
+            write_json(args.json, {**results, "stages": stages.stages, "total_s": stages.elapsed()})
         return value
 
     # GPU budgets sum to 400 s, inside the 420 s deadline.
@@ -458,12 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         if static_costs:
             ks = {(name, a): best_k(a, static_costs[name], k_max=max(args.ks)) for name in DRAFTS for a in args.alphas}
             results["k"] = {f"{name} α={a}": k for (name, a), k in ks.items()}
-            stage("synthetic, static loop", 90, 20, lambda: stage_synthetic(models, args, "static", static_costs, ks, clock, results))
+            stage("synthetic, static loop", 90, 20, lambda: stage_synthetic(models, args, "static", static_costs, ks, stages, results))
         eager_costs = stage("costs, eager loop", 40, 10, lambda: stage_costs(models, args, "eager", results))
         if eager_costs and ks:
-            stage("synthetic, eager loop", 130, 25, lambda: stage_synthetic(models, args, "eager", eager_costs, ks, clock, results))
+            stage("synthetic, eager loop", 130, 25, lambda: stage_synthetic(models, args, "eager", eager_costs, ks, stages, results))
     results["check"] = check(results, args)
-    results["stages"], results["total_s"] = clock.stages, clock.elapsed()
+    results["stages"], results["total_s"] = stages.stages, stages.elapsed()
     md = render(results, args)
     if args.json:
         write_json(args.json, results)

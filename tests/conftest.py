@@ -1,22 +1,24 @@
-"""Shared fixtures: a tokenizer trained on the spot, tiny Qwen2 models, and tiny training runs on
-disk (`tiny_run`). Nothing from the Hub."""
+"""Shared fixtures: a tokenizer trained on the spot, tiny Qwen2 models (a tied `target`/`draft`, and
+the untied `tiny_pair` the decoder, speed-model and acceptance tests share), hand-checked costs, and
+tiny training runs on disk (`tiny_run`). Nothing from the Hub."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, noisy_copy, tiny_qwen2
+from distill.speculative.costs import Costs
 
 # Tiny models gain nothing from a second thread, and oversubscribed cores slow them badly.
 torch.set_num_threads(1)
@@ -44,18 +46,55 @@ def draft(tokenizer):
     return tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=2)
 
 
+@dataclass
+class TinyPair:
+    """An untied target padded +32 rows past the tokenizer and a smaller untied draft padded +8 (as
+    Qwen2.5-7B's 152,064 rows are over 0.5B's 151,936), sharing the tokenizer. Initialised wider than
+    the default (0.1), so greedy output is diverse, the small draft is rarely right, and the target
+    emits padding-row ids the draft cannot embed. Shared: derive, never modify in place."""
+
+    target: Qwen2ForCausalLM
+    draft: Qwen2ForCausalLM
+    tokenizer: PreTrainedTokenizerBase
+
+    @cached_property
+    def noisy_draft(self) -> Qwen2ForCausalLM:
+        """The target with a little noise: right often but not always, so blocks are partly accepted."""
+        return noisy_copy(self.target, 0.05, 13)
+
+    @cached_property
+    def real_vocab_target(self) -> Qwen2ForCausalLM:
+        """A copy of the target whose padded rows never win (each is the mean row), as in Qwen2.5: it
+        emits tokenizer ids only, so a self-draft over the real vocabulary or a synthetic draft can
+        match every token it emits."""
+        target = copy.deepcopy(self.target)
+        with torch.no_grad():
+            target.lm_head.weight[len(self.tokenizer) :] = target.lm_head.weight[: len(self.tokenizer)].mean(0)
+        return target
+
+
 @pytest.fixture(scope="session")
-def script():
-    """Import scripts/NAME.py as a module (the scripts are not a package): `script("bench_train")`."""
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
+def tiny_pair(tokenizer) -> TinyPair:
+    """The one untied target/draft pair of the decoder, speed-model and acceptance tests (seeds 11 and 12)."""
+    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11, tie_word_embeddings=False, initializer_range=0.1)
+    draft = tiny_qwen2(
+        len(tokenizer) + 8,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer=tokenizer,
+        seed=12,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    return TinyPair(target, draft, tokenizer)
 
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
 
-    return load
+@pytest.fixture(scope="session")
+def hand_costs() -> Costs:
+    """Costs that make every speed prediction from them a number checked by hand (c = 0.2, v(3) = 1.1)."""
+    return Costs(target_step_s=0.01, draft_step_s=0.002, c=0.2, v={1: 1.0, 2: 1.05, 3: 1.1, 4: 1.2}, device="cpu", dtype="float32")
 
 
 # The draft the tiny runs train, from scratch (a config, no weights).

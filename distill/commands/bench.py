@@ -16,11 +16,7 @@ included.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +27,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from distill.commands.synthetic import merge_stats, synthetic_sweep
 from distill.common.docs import markdown_table, write_section
+from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_model, load_tokenizer
-from distill.common.provenance import MachineLoad, describe, versions, warn
+from distill.common.provenance import MachineLoad, describe, environment, warn
 from distill.common.tiny import make_examples, random_pair
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree
 from distill.speculative import SpeculativeDecoder
@@ -133,27 +130,6 @@ def _measure_alpha(target, draft, tok, prompts, k: int, max_new_tokens: int, bac
     bar = tqdm(prompts, desc="α of the real draft", unit="prompt", dynamic_ncols=True)
     total = merge_stats([decoder.generate(ids, max_new_tokens=max_new_tokens).stats for ids in bar])
     return fit_alpha(total.position_proposed, total.position_accepted)
-
-
-def _environment(device: str, dtype: torch.dtype) -> dict[str, Any]:
-    dev = torch.device(device)
-    return {
-        **versions(),
-        "cuda": torch.version.cuda,
-        "device": device,
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
-        "num_threads": torch.get_num_threads(),
-        "dtype": dtype_name(dtype),
-    }
-
-
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, target)
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -273,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "names": names,
         "backend": backend,
-        "environment": _environment(args.device, dtype),
+        "environment": {**environment(args.device), "dtype": dtype_name(dtype)},
         "machine_load": load.stop().report(),
         "settings": {**vars(args), "command": "distill bench " + " ".join(sys.argv[1:] if argv is None else argv)},
         "costs": costs.to_dict(),
@@ -293,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
         )
     if args.json:
-        _write_json(args.json, report)
+        write_json(args.json, report)
     if args.markdown:
         write_section(args.markdown, args.section, md)
     print(md)

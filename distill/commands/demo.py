@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,9 @@ from tqdm.auto import tqdm
 
 from distill.commands.prepare_tiny import prepare
 from distill.common.docs import markdown_table
+from distill.common.io import atomic_write, write_json
 from distill.common.models import load_model, load_tokenizer
-from distill.common.provenance import MachineLoad, versions, warn
+from distill.common.provenance import MachineLoad, environment, warn
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import fit_alpha, measure_costs, predicted_speedup
 from distill.training.recipe import load_recipe
@@ -190,14 +189,6 @@ def table(report: dict[str, Any]) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """Run the demo; returns the report it writes to `out_dir`/report.json."""
     size = SIZES["quick" if quick else "full"]
@@ -237,15 +228,15 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
     report = {
         "target": str(out / "tiny" / "target"),
         "settings": {**size, "num_draft_tokens": NUM_DRAFT_TOKENS, "seed": seed, "quick": quick, "target_shape": TARGET},
-        "environment": {**versions(), "platform": platform.platform(), "device": "cpu", "threads": torch.get_num_threads()},
+        "environment": environment("cpu"),
         "machine_load": load.report(),
         "drafts": drafts,
         "wall_s": time.perf_counter() - started,
     }
-    _write_atomic(out / "report.json", json.dumps(report, indent=2, default=str))
+    write_json(out / "report.json", report)
     busy = f"\n\n**Warning:** {report['machine_load']['warning']}\n" if report["machine_load"]["busy"] else ""
     md = f"# distill demo\n\n{table(report)}\n\nk = {NUM_DRAFT_TOKENS}, {len(prompts)} held-out prompts, greedy, fp32, CPU; {report['wall_s']:.0f} s in all.\n{busy}"
-    _write_atomic(out / "report.md", md)
+    atomic_write(out / "report.md", md)
     _plots(report, out)
     return report
 

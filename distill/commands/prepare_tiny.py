@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from datasets import Dataset
 from transformers import AutoTokenizer, DataCollatorForLanguageModeling, PreTrainedTokenizerBase, Qwen2Config, Trainer, TrainingArguments, set_seed
 
+from distill.common.io import atomic_folder, atomic_write, write_json
+from distill.common.provenance import versions
 from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 
 # The sizes tiny-cpu.yaml states: tokenizer of 512 asked (476 real on this corpus), target hidden 128 x 4 layers, embedding +32.
@@ -56,15 +55,6 @@ def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str) -> PreTr
     Qwen2Config().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory)
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict[str, str]]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def train_target(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], settings: dict[str, Any], work_dir: str) -> tuple[torch.nn.Module, float]:
@@ -122,33 +112,23 @@ def prepare(out: str | os.PathLike, force: bool = False, **overrides: Any) -> di
     set_seed(settings["seed"])
     train_rows = make_examples(settings["train_examples"], seed=settings["seed"])
     eval_rows = make_examples(settings["eval_examples"], seed=settings["seed"] + 1)
-    work = tempfile.mkdtemp(dir=out, prefix=".target.tmp-")
-    try:
+    with atomic_folder(out / "target") as work:
         tokenizer = saved_tokenizer(build_tokenizer(corpus_texts(train_rows), vocab_size=settings["vocab_size"]), work)
         model, loss = train_target(tokenizer, [chat_text(tokenizer, r) for r in train_rows], settings, os.path.join(work, "trainer"))
         shutil.rmtree(os.path.join(work, "trainer"), ignore_errors=True)
         model.save_pretrained(work)
         tokenizer.save_pretrained(work)
-        if (out / "target").exists():
-            shutil.rmtree(out / "target")
-        os.replace(work, out / "target")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    _write_jsonl(out / "train.jsonl", train_rows)
-    _write_jsonl(out / "eval.jsonl", eval_rows)
+    for name, rows in (("train.jsonl", train_rows), ("eval.jsonl", eval_rows)):
+        atomic_write(out / name, "".join(json.dumps(row) + "\n" for row in rows))
     info = {
         "settings": settings,
         "tokenizer_size": len(tokenizer),
         "target_embedding_rows": model.config.vocab_size,
         "target_parameters": sum(p.numel() for p in model.parameters()),
         "final_train_loss": loss,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": versions(),
     }
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".prepare_info.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f, indent=2)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, info_path)
+    write_json(info_path, info)
     return info
 
 

@@ -1,27 +1,28 @@
 """`distill publish`: turn a training output into a draft folder that loads with transformers
 (`assistant_model=`), vLLM (`draft_model`) and SGLang (`STANDALONE`), with a model card that holds
-the measured acceptance. Written into a temporary folder, checked by reloading, then renamed."""
+the measured acceptance. Written into a temporary folder, checked by reloading, then swapped into
+place (`distill.common.io.atomic_folder`). The card is templates/model_card.md filled by jinja2."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import os
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token, snapshot_download
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.common.models import load_config, load_model, load_tokenizer, resolve, share_permissions
+from distill.common.io import atomic_folder, atomic_write, write_json
+from distill.common.models import load_config, load_model, load_tokenizer, resolve
 from distill.common.provenance import versions
 from distill.common.vocab import check_tokenizers_agree
 
@@ -41,8 +42,14 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 ADAPTER_CONFIG = "adapter_config.json"
-REPORT_FIELDS = ("acceptance_rate", "mean_accepted_length", "speedup", "quality", "target_quality", "quality_metric", "greedy_identity")
+REPORT_FIELDS = ("acceptance_rate", "mean_accepted_length", "quality", "target_quality", "quality_metric", "greedy_identity")
+# Report schemas this version reads: 1 (one "speedup", whole calls, runs not recorded) and 2 (runs, both speedups, intervals).
+REPORT_SCHEMAS = (1, 2)
+SPEEDUP_FIELD = {1: "speedup", 2: "end_to_end_speedup"}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# The model card's prose and layout (package data, so it ships with a non-editable install); the values come from _card_values.
+MODEL_CARD_TEMPLATE = resources.files("distill.commands") / "templates" / "model_card.md"
+DEFAULT_NUM_DRAFT_TOKENS = 5  # the card's vLLM/SGLang draft length when the eval report records none
 
 
 @dataclass
@@ -55,6 +62,18 @@ class _Source:
     recipe_text: str | None = None
     recipe: dict[str, Any] = field(default_factory=dict)
     run_info: dict[str, Any] | None = None
+
+
+@dataclass
+class _Draft:
+    """The draft as it will be written, beside the target's tokenizer and vocabulary it was checked against."""
+
+    model: PreTrainedModel
+    base_model: str | None  # the base of a LoRA adapter; None for a full model
+    target_tokenizer: PreTrainedTokenizerBase
+    vocab_size: int
+    target_vocab: int
+    padded: list[int] = field(default_factory=list)
 
 
 def pad_vocab(model: PreTrainedModel, vocab_size: int, real_vocab: int) -> list[int]:
@@ -137,6 +156,9 @@ def load_eval_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     except json.JSONDecodeError as err:
         raise ValueError(f"--eval-report: {path} is not valid JSON ({err})") from err
     drafts = report.get("drafts") if isinstance(report, dict) else None
+    version = report.get("schema_version", 1) if isinstance(report, dict) else 1
+    if version not in REPORT_SCHEMAS:
+        raise ValueError(f"--eval-report: {path} has report schema {version}; this distill reads schemas {list(REPORT_SCHEMAS)}: upgrade distill to publish it")
     if not isinstance(drafts, dict) or not drafts:
         raise ValueError(f"--eval-report: {path} has no 'drafts' mapping; expected the JSON `distill accept` writes")
     for name, entry in drafts.items():
@@ -144,27 +166,47 @@ def load_eval_report(path: str | Path) -> tuple[dict[str, Any], Path]:
         if not isinstance(tasks, dict) or not tasks:
             raise ValueError(f"--eval-report: draft {name!r} in {path} has no 'tasks' mapping")
         for task, row in tasks.items():
-            missing = [k for k in REPORT_FIELDS if k not in row]
+            missing = [k for k in (*REPORT_FIELDS, SPEEDUP_FIELD[version]) if k not in row]
             if missing:
                 raise ValueError(f"--eval-report: {path}, draft {name!r}, task {task!r} lacks {', '.join(missing)}")
     return report, path
 
 
+def _with_interval(row: dict[str, Any], name: str, fmt: str, suffix: str = "") -> str:
+    """A report figure with its 95% interval when the report has one (schema 2), else the figure alone; – when absent."""
+    iv = (row.get("intervals") or {}).get(name)
+    if isinstance(iv, dict):
+        return f"{format(iv['value'], fmt)}{suffix} [{format(iv['low'], fmt)}, {format(iv['high'], fmt)}]"
+    return "–" if row.get(name) is None else f"{format(row[name], fmt)}{suffix}"
+
+
 def acceptance_table(report: dict[str, Any], highlight: set[str] = frozenset()) -> str:
-    """The Markdown table of one evaluation: a row per draft × task; drafts whose path is in `highlight` are bold."""
+    """The Markdown table of one evaluation: a row per draft × task, each figure with its 95% interval
+    (schema 2 reports); drafts whose path is in `highlight` are bold."""
+    version = report.get("schema_version", 1)
     lines = [
-        "| Draft | Task | Acceptance rate | Mean accepted length | Speedup | Quality | Target quality | Greedy identity |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| Draft | Task | Acceptance rate [95% CI] | Mean accepted length | Decode speedup [95% CI] | End-to-end speedup [95% CI] | Quality | Target quality | Greedy identity |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, entry in report["drafts"].items():
         path = entry.get("path")
         shown = f"**{name}**" if path and (path in highlight or str(Path(path).absolute()) in highlight) else name
         for task, r in entry["tasks"].items():
+            end_to_end = _with_interval(r, SPEEDUP_FIELD[version], ".2f", "×")
             lines.append(
-                f"| {shown} | {task} | {r['acceptance_rate']:.1%} | {r['mean_accepted_length']:.2f} | {r['speedup']:.2f}× "
-                f"| {r['quality']:.3f} ({r['quality_metric']}) | {r['target_quality']:.3f} | {'n/a (sampling)' if r['greedy_identity'] is None else format(r['greedy_identity'], '.1%')} |"
+                f"| {shown} | {task} | {_with_interval(r, 'acceptance_rate', '.3f')} | {r['mean_accepted_length']:.2f} | {_with_interval(r, 'decode_speedup', '.2f', '×')} "
+                f"| {end_to_end} | {r['quality']:.3f} ({r['quality_metric']}) | {r['target_quality']:.3f} | {'n/a (sampling)' if r['greedy_identity'] is None else format(r['greedy_identity'], '.1%')} |"
             )
     return "\n".join(lines)
+
+
+def _timing_runs(report: dict[str, Any]) -> str:
+    """The line naming the run(s) each speed figure was timed in (schema 1 reports recorded none)."""
+    runs = report.get("runs")
+    if not runs:
+        return "Speeds: a schema-1 report, whose timing runs were not recorded (speedup = whole calls, TTFT included)."
+    named = "; ".join(f"`{run_id}` started {r.get('started')} on {r.get('device_name')}, {r.get('torch_threads')} threads" for run_id, r in runs.items())
+    return f"Speeds timed in run(s) {named}: each speculative call paired with the target-only call of its own run."
 
 
 def publish(
@@ -184,9 +226,37 @@ def publish(
 ) -> Path:
     """Write the ready draft folder `out` from a training output (`run_dir`) or a `draft` + `target` pair.
 
-    Nothing appears at `out` unless every step succeeded (the folder is built beside it and renamed);
+    Nothing appears at `out` unless every step succeeded (the folder is built beside it and swapped in);
     without `push_to_hub` nothing leaves the machine."""
     out = Path(out).absolute()
+    _check_request(out, eval_report, keep_adapter=keep_adapter, pad_vocab_to_target=pad_vocab_to_target, force=force, push_to_hub=push_to_hub, public=public)
+    source = _resolve_source(run_dir, draft, target, target_revision)
+    if out == source.draft_dir or out in source.draft_dir.parents:
+        raise ValueError(f"--out {out} would replace the draft it is built from ({source.draft_dir}); choose another folder")
+    prepared = _prepare_draft(source, keep_adapter, pad_vocab_to_target)
+    with atomic_folder(out) as tmp:  # whole or absent: an existing `out` is exchanged only once `tmp` is complete
+        log.info("writing %s", tmp)
+        _write_draft_folder(
+            tmp,
+            source,
+            prepared,
+            eval_report,
+            keep_adapter=keep_adapter,
+            license=license,
+            repo=push_to_hub or str(out),
+            name=(push_to_hub or out.name).split("/")[-1],
+        )
+    log.info("wrote %s", out)
+    if push_to_hub:
+        url = push_folder(out, push_to_hub, private=not public)
+        log.info("uploaded to %s", url)
+    return out
+
+
+def _check_request(
+    out: Path, eval_report: str | Path | None, *, keep_adapter: bool, pad_vocab_to_target: bool, force: bool, push_to_hub: str | None, public: bool
+) -> None:
+    """Refuse contradictory flags, an occupied `out` without --force and a missing token or report before any model loads."""
     if keep_adapter and pad_vocab_to_target:
         raise ValueError("--pad-vocab-to-target changes the base weights, so it cannot keep an adapter: drop --keep-adapter (the LoRA is merged)")
     if public and not push_to_hub:
@@ -199,10 +269,10 @@ def publish(
         raise ValueError("--push-to-hub needs a Hugging Face token with write access: set HF_TOKEN (or run `hf auth login`)")
     if eval_report is not None and not Path(eval_report).exists():
         raise FileNotFoundError(f"--eval-report {eval_report} does not exist")
-    source = _resolve_source(run_dir, draft, target, target_revision)
-    if out == source.draft_dir or out in source.draft_dir.parents:
-        raise ValueError(f"--out {out} would replace the draft it is built from ({source.draft_dir}); choose another folder")
 
+
+def _prepare_draft(source: _Source, keep_adapter: bool, pad_vocab_to_target: bool) -> _Draft:
+    """Load the draft, check it against the target's tokenizer, and pad its vocabulary if asked, so what is written fits the target."""
     log.info("target tokenizer and config: %s", source.target)
     target_tok = load_tokenizer(source.target, revision=source.target_revision, what="target tokenizer")
     target_vocab = load_config(source.target, revision=source.target_revision).get_text_config().vocab_size
@@ -227,50 +297,29 @@ def publish(
             draft_vocab,
             target_vocab,
         )
+    return _Draft(model, base_model, target_tok, draft_vocab, target_vocab, padded)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        log.info("writing %s", tmp)
-        model.save_pretrained(tmp)  # safetensors: transformers 5 writes nothing else, peft by default
-        if not keep_adapter:
-            _write_portable_config(tmp)
-        _copy_tokenizer(source.target, source.target_revision, tmp, target_tok)
-        _verify(tmp, model, target_tok, draft_vocab)
-        report = report_path = None
-        if eval_report is not None:
-            report, report_path = load_eval_report(eval_report)
-            shutil.copy2(report_path, tmp / "eval_report.json")
-        if source.recipe_text is not None:
-            (tmp / "recipe.yaml").write_text(source.recipe_text)
-        if source.run_info is not None:
-            (tmp / "run_info.json").write_text(json.dumps(source.run_info, indent=2) + "\n")
-        card = _model_card(
-            source,
-            model,
-            base_model,
-            report,
-            report_path,
-            padded,
-            draft_vocab,
-            target_vocab,
-            license=license,
-            repo=push_to_hub or str(out),
-            name=(push_to_hub or out.name).split("/")[-1],
-            adapter=keep_adapter,
-        )
-        card.save(tmp / "README.md")
-        (tmp / "publish_info.json").write_text(json.dumps(_publish_info(source, eval_report, padded, keep_adapter), indent=2) + "\n")
-        share_permissions(tmp)  # mkdtemp made it 0700 and the weights 0600: a published folder is for others to read
-        _move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("wrote %s", out)
-    if push_to_hub:
-        url = push_folder(out, push_to_hub, private=not public)
-        log.info("uploaded to %s", url)
-    return out
+
+def _write_draft_folder(
+    folder: Path, source: _Source, draft: _Draft, eval_report: str | Path | None, *, keep_adapter: bool, license: str, repo: str, name: str
+) -> None:
+    """Fill the (temporary) folder: weights, tokenizer, reload check, then the report, recipe, run info, card and publish info."""
+    draft.model.save_pretrained(folder)  # safetensors: transformers 5 writes nothing else, peft by default
+    if not keep_adapter:
+        _write_portable_config(folder)
+    _copy_tokenizer(source.target, source.target_revision, folder, draft.target_tokenizer)
+    _verify(folder, draft.model, draft.target_tokenizer, draft.vocab_size)
+    report = report_path = None
+    if eval_report is not None:
+        report, report_path = load_eval_report(eval_report)
+        shutil.copy2(report_path, folder / "eval_report.json")
+    if source.recipe_text is not None:
+        atomic_write(folder / "recipe.yaml", source.recipe_text)
+    if source.run_info is not None:
+        write_json(folder / "run_info.json", source.run_info)
+    card = _model_card(source, draft, report, report_path, license=license, repo=repo, name=name, adapter=keep_adapter)
+    atomic_write(folder / "README.md", str(card))
+    write_json(folder / "publish_info.json", _publish_info(source, eval_report, draft.padded, keep_adapter))
 
 
 def push_folder(folder: str | Path, repo_id: str, private: bool = True) -> str:
@@ -282,6 +331,7 @@ def push_folder(folder: str | Path, repo_id: str, private: bool = True) -> str:
 
 
 def _resolve_source(run_dir: str | Path | None, draft: str | Path | None, target: str | None, target_revision: str | None) -> _Source:
+    """The draft folder, its target and what the run recorded (recipe.yaml, run_info.json) from RUN or --draft/--target."""
     if (run_dir is None) == (draft is None):
         raise ValueError("pass either a training output folder (RUN) or --draft PATH with --target, not both and not neither")
     recipe_text, recipe, run_info = None, {}, None
@@ -291,15 +341,18 @@ def _resolve_source(run_dir: str | Path | None, draft: str | Path | None, target
         if not draft_dir.is_dir():
             raise FileNotFoundError(f"{run} has no draft/ folder: pass the output_dir of a finished `distill train` run, or --draft PATH")
         if (run / "recipe.yaml").is_file():
-            recipe_text = (run / "recipe.yaml").read_text()
-            recipe = yaml.safe_load(recipe_text) or {}
+            # Plain YAML, not load_recipe: the card reads a few fields, and a recipe.yaml from an older
+            # run (an `eval:` section, since removed, or any other retired key) must still publish.
+            recipe_text = (run / "recipe.yaml").read_text(encoding="utf-8")
+            recipe = yaml.safe_load(recipe_text)
+            recipe = recipe if isinstance(recipe, dict) else {}
         if (run / "run_info.json").is_file():
             run_info = json.loads((run / "run_info.json").read_text())
     else:
         draft_dir = Path(draft)
         if not draft_dir.is_dir():
             raise FileNotFoundError(f"--draft {draft_dir} is not a folder holding a model or a peft adapter")
-    recipe_target = recipe.get("target") or {}
+    recipe_target = _section(recipe, "target")
     target = target or recipe_target.get("name_or_path")
     if not target:
         raise ValueError("no target model: pass --target PATH_OR_ID (the recipe names none)")
@@ -339,7 +392,7 @@ def _write_portable_config(folder: Path) -> None:
         config.setdefault("rope_theta", rope["rope_theta"])
         if rope.get("rope_type", "default") != "default":
             config.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _copy_tokenizer(target: str, revision: str | None, dest: Path, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -382,136 +435,104 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-def _num_draft_tokens(report: dict[str, Any] | None, recipe: dict[str, Any]) -> int:
-    for k in ((report or {}).get("settings") or {}).get("num_draft_tokens"), (recipe.get("eval") or {}).get("num_draft_tokens"):
-        if isinstance(k, int) and k > 0:
-            return k
-    return 5
+def _num_draft_tokens(report: dict[str, Any] | None) -> int:
+    """The draft length the eval report measured (its settings), so the serving commands match the numbers; else the default."""
+    k = ((report or {}).get("settings") or {}).get("num_draft_tokens")
+    return k if isinstance(k, int) and k > 0 else DEFAULT_NUM_DRAFT_TOKENS
+
+
+def _section(recipe: dict[str, Any], key: str) -> dict[str, Any]:
+    """One section of the recorded recipe as a mapping ({} when absent or not a mapping): old recipes still publish."""
+    value = recipe.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _model_card(
-    source: _Source,
-    model: PreTrainedModel,
-    base_model: str | None,
-    report: dict[str, Any] | None,
-    report_path: Path | None,
-    padded: list[int],
-    draft_vocab: int,
-    target_vocab: int,
-    *,
-    license: str,
-    repo: str,
-    name: str,
-    adapter: bool,
+    source: _Source, draft: _Draft, report: dict[str, Any] | None, report_path: Path | None, *, license: str, repo: str, name: str, adapter: bool
 ) -> ModelCard:
-    """README.md: Hub metadata, what the draft is for, the acceptance table, usage, the recipe."""
-    recipe = source.recipe
-    candidates = [base_model, (recipe.get("draft") or {}).get("name_or_path")]
-    base_model = next((c for c in candidates if c), None)
-    dataset = (recipe.get("data") or {}).get("dataset")
-    data = ModelCardData(
-        base_model=next((h for c in candidates if (h := _hub_id(c))), None),
+    """README.md: Hub metadata, what the draft is for, the acceptance table, usage, the recipe (templates/model_card.md)."""
+    data = _card_data(source, draft, license=license, adapter=adapter)
+    return render_model_card(data, _card_values(source, draft, report, report_path, repo=repo, name=name, adapter=adapter))
+
+
+def render_model_card(data: ModelCardData, values: dict[str, Any]) -> ModelCard:
+    """Fill MODEL_CARD_TEMPLATE with the YAML header `data` and `values`; an undefined name raises instead of leaving a blank."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    template = env.from_string(MODEL_CARD_TEMPLATE.read_text(encoding="utf-8"))
+    return ModelCard(template.render(card_data=data.to_yaml(), **values))
+
+
+def _base_models(source: _Source, draft: _Draft) -> list[str | None]:
+    """Where the draft started, best first: the LoRA base it was loaded on, then the recipe's draft model."""
+    return [draft.base_model, _section(source.recipe, "draft").get("name_or_path")]
+
+
+def _card_data(source: _Source, draft: _Draft, *, license: str, adapter: bool) -> ModelCardData:
+    """The card's YAML header: Hub metadata takes repo ids only, so a local base model or dataset path is left out."""
+    dataset = _section(source.recipe, "data").get("dataset")
+    return ModelCardData(
+        base_model=next((h for c in _base_models(source, draft) if (h := _hub_id(c))), None),
         library_name="peft" if adapter else "transformers",
         license=license,
         pipeline_tag="text-generation",
         datasets=[d] if (d := _hub_id(dataset)) else None,
-        tags=["speculative-decoding", "draft-model", "distillation", "distill", model.config.model_type] + (["lora"] if adapter else []),
+        tags=["speculative-decoding", "draft-model", "distillation", "distill", draft.model.config.model_type] + (["lora"] if adapter else []),
     )
-    target, k = source.target, _num_draft_tokens(report, recipe)
-    loss = recipe.get("loss") or {}
-    n_params = sum(p.numel() for p in model.parameters())
-    parts = [
-        f"# {name}",
-        f"A draft model for speculative decoding under **{target}**, trained with distill on the target's "
-        f"own distribution. Speculative decoding is lossless: "
-        f"the output is the target's; the draft only decides how fast it comes.",
-        "",
-        f"- Target: `{target}`" + (f" (revision `{source.target_revision}`)" if source.target_revision else ""),
-        f"- Base model: `{base_model}`" if base_model else "- Base model: trained from scratch",
-        f"- Architecture: `{type(model).__name__}`, {n_params:,} parameters, vocab_size {draft_vocab}"
-        + (" (LoRA adapter: merge it for vLLM/SGLang, `distill publish` without `--keep-adapter`)" if adapter else ""),
-        f"- Training data: `{dataset}`" if dataset else "- Training data: not recorded",
-    ]
-    if loss:
-        parts.append(
-            f"- Objective: {loss.get('divergence', 'forward_kl')} (temperature {loss.get('temperature', 1.0)}, ce_weight {loss.get('ce_weight', 0.0)}, on-policy fraction {loss.get('lmbda', 0.0)})"
-        )
-    parts += ["", "## Acceptance", ""]
-    if report is None:
-        parts.append("No evaluation report was given: run `distill accept` and publish again with `--eval-report`.")
-    else:
-        parts.append(f"Measured by `distill accept` against `{report.get('target', target)}` (report `{report_path.name}`, copied as `eval_report.json`).")
-        for label, key in (("Settings", "settings"), ("Environment", "environment")):
-            items = {k: v for k, v in (report.get(key) or {}).items() if isinstance(v, (str, int, float, bool))}
-            if items:
-                parts.append(f"{label}: " + ", ".join(f"{k}={v}" for k, v in items.items()) + ".")
-        highlight = {str(source.draft_dir), str(source.draft_dir.parent), repo}
-        parts += [
-            "",
-            acceptance_table(report, highlight),
-            "",
-            "Acceptance rate: share of proposed tokens the target accepts. Mean accepted length: tokens gained per "
-            "target forward. Speedup: wall-clock against target-only decoding. Greedy identity: share of prompts "
-            "whose speculative output equals the target's own greedy output.",
-        ]
-    # transformers takes an assistant of another vocab_size only with both tokenizers (universal assisted decoding).
-    assistant_extra = "" if draft_vocab == target_vocab else ", tokenizer=tokenizer, assistant_tokenizer=tokenizer"
-    transformers_snippet = f"""```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{target}")
-target = AutoModelForCausalLM.from_pretrained("{target}", dtype="auto", device_map="auto")
-draft = AutoModelForCausalLM.from_pretrained("{repo}", dtype="auto", device_map="auto")
-messages = [{{"role": "user", "content": "What is 17 * 23?"}}]
-inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True).to(target.device)
-out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256{assistant_extra})
-print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
-```"""
-    parts += ["", "## Usage", "", "### transformers (`assistant_model=`)", "", transformers_snippet, ""]
-    if adapter:
-        parts.append("vLLM and SGLang take a full draft model: publish without `--keep-adapter` to merge the LoRA.")
-    else:
-        spec = json.dumps({"method": "draft_model", "model": repo, "num_speculative_tokens": k})
-        parts += [
-            "### vLLM",
-            "",
-            "```bash",
-            f"vllm serve {target} \\\n  --speculative-config '{spec}'",
-            "```",
-            "",
-            "### SGLang",
-            "",
-            "```bash",
-            f"python -m sglang.launch_server --model-path {target} \\\n  --speculative-algorithm STANDALONE "
-            f"--speculative-draft-model-path {repo} \\\n  --speculative-num-steps {k} --speculative-eagle-topk 1 "
-            f"--speculative-num-draft-tokens {k + 1}",
-            "```",
-        ]
-        if draft_vocab != target_vocab:
-            parts += [
-                "",
-                f"Note: this draft's vocab_size ({draft_vocab}) differs from the target's ({target_vocab}); "
-                "vLLM's `draft_model` check refuses that. Republish with `--pad-vocab-to-target`.",
-            ]
-    if padded:
-        parts += [
-            "",
-            "## Vocabulary padding",
-            "",
-            f"The embedding and LM head were padded from {padded[0]} to {target_vocab} rows so that `vocab_size` matches the "
-            f"target's, as vLLM's `draft_model` method requires. Ids {padded[0]}–{padded[-1]} are never produced by the "
-            "tokenizer; their LM-head rows are the mean of the real rows, so their logit is the mean real logit (never "
-            "the argmax, never likelier than an average real token), and `generation_config.suppress_tokens` lists them "
-            "so transformers gives them zero probability. Outputs on the real vocabulary are unchanged.",
-        ]
-    parts += ["", "## Recipe", ""]
-    parts += ["```yaml", source.recipe_text.rstrip(), "```"] if source.recipe_text else ["No recipe was recorded with this draft."]
-    if source.run_info is not None:
-        parts += ["", "## Training run", "", "```json", json.dumps(source.run_info, indent=2), "```"]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(parts) + "\n")
+
+def _card_values(
+    source: _Source, draft: _Draft, report: dict[str, Any] | None, report_path: Path | None, *, repo: str, name: str, adapter: bool
+) -> dict[str, Any]:
+    """Every value the template shows, computed here so the template keeps only prose, layout and simple conditions."""
+    k = _num_draft_tokens(report)
+    return {
+        "name": name,
+        "target": source.target,
+        "target_revision": source.target_revision,
+        "base_model": next((c for c in _base_models(source, draft) if c), None),
+        "architecture": type(draft.model).__name__,
+        "parameters": f"{sum(p.numel() for p in draft.model.parameters()):,}",
+        "draft_vocab": draft.vocab_size,
+        "target_vocab": draft.target_vocab,
+        "adapter": adapter,
+        "dataset": _section(source.recipe, "data").get("dataset"),
+        "objective": _objective(_section(source.recipe, "loss")),
+        "acceptance": _acceptance(source, report, report_path, repo),
+        "repo": repo,
+        # transformers takes an assistant of another vocab_size only with both tokenizers (universal assisted decoding).
+        "assistant_extra": "" if draft.vocab_size == draft.target_vocab else ", tokenizer=tokenizer, assistant_tokenizer=tokenizer",
+        "num_draft_tokens": k,
+        "vllm_config": json.dumps({"method": "draft_model", "model": repo, "num_speculative_tokens": k}),
+        "padding": {"first": draft.padded[0], "last": draft.padded[-1]} if draft.padded else None,
+        "recipe_text": source.recipe_text.rstrip() if source.recipe_text else None,
+        "run_info": json.dumps(source.run_info, indent=2) if source.run_info is not None else None,
+    }
+
+
+def _objective(loss: dict[str, Any]) -> dict[str, Any] | None:
+    """The recipe's loss with the trainer's defaults filled in, for the card's Objective line; None when none was recorded."""
+    if not loss:
+        return None
+    defaults = {"divergence": "forward_kl", "temperature": 1.0, "ce_weight": 0.0, "lmbda": 0.0}
+    return {key: loss.get(key, default) for key, default in defaults.items()}
+
+
+def _acceptance(source: _Source, report: dict[str, Any] | None, report_path: Path | None, repo: str) -> dict[str, Any] | None:
+    """The card's acceptance section from the eval report (whose numbers, measured how, the table); None without a report."""
+    if report is None:
+        return None
+    facts = []
+    for label, key in (("Settings", "settings"), ("Environment", "environment")):
+        items = {k: v for k, v in (report.get(key) or {}).items() if isinstance(v, (str, int, float, bool))}
+        if items:
+            facts.append(f"{label}: " + ", ".join(f"{k}={v}" for k, v in items.items()) + ".")
+    facts.append(_timing_runs(report))
+    highlight = {str(source.draft_dir), str(source.draft_dir.parent), repo}
+    return {"target": report.get("target", source.target), "report_name": report_path.name, "facts": facts, "table": acceptance_table(report, highlight)}
 
 
 def _publish_info(source: _Source, eval_report: str | Path | None, padded: list[int], adapter: bool) -> dict[str, Any]:
+    """publish_info.json: where the folder came from and with which library versions, to reproduce it."""
     return {
         "draft_source": str(source.draft_dir),
         "target": source.target,
@@ -521,36 +542,6 @@ def _publish_info(source: _Source, eval_report: str | Path | None, padded: list[
         "padded_ids": [padded[0], padded[-1]] if padded else None,
         "versions": versions(("distill", "torch", "transformers", "peft", "huggingface_hub")),
     }
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one renameat2(RENAME_EXCHANGE) call; False where the system has none (not Linux, old kernel or filesystem)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2 is not None and renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished folder to `out`. An existing `out` (empty, or --force) is swapped with it
-    in one atomic exchange, so a killed run leaves `out` either old or whole and new; where no
-    exchange exists it is moved aside first (a kill between the two renames leaves it beside `out`)."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    if _exchange(tmp, out):
-        shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.replace(out, aside / out.name)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(aside / out.name, out)
-        raise
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

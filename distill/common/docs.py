@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
+
+from distill.common.io import atomic_write
 
 
 def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:
@@ -16,12 +17,7 @@ def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:
     block = f"<!-- {name} -->\n{markdown.strip()}\n<!-- /{name} -->"
     pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -53,8 +53,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[str], No
 
 
 def to_json(payload: Any) -> str:
-    """The project's JSON text: indented, UTF-8 kept readable, ending in a newline."""
-    return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
+    """The project's JSON text: indented, UTF-8 kept readable, paths and other objects as strings, ending in a newline."""
+    return json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
 def write_json(path: str | os.PathLike, payload: Any) -> Path:

@@ -76,6 +76,9 @@ class Costs:
     dtype: str
     prompt_len: int = 0
     repeats: int = 0
+    target_step_spread: float | None = None  # interquartile range of the repeats over their median
+    draft_step_spread: float | None = None
+    real_tokens: bool = False  # stepped real prompt tokens (else seeded random ids)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the keys of v become strings)."""
@@ -139,60 +142,105 @@ def measure_costs(
     warmup: int = 3,
     seed: int = 0,
     backend: str = "auto",
+    prompt_ids: Sequence[int] | None = None,
 ) -> Costs:
     """Time one-token steps of both models and the target's (k+1)-token verify on a warm KV cache
-    of `prompt_len` tokens, as the decoder's loop (`backend`, see `resolve_backend`) calls them;
-    medians over `repeats` interleaved runs after `warmup` (CUDA synchronised around each call)."""
+    of `prompt_len` tokens (or of the real `prompt_ids`, whose last k+1 tokens are the ones stepped),
+    as the decoder's loop (`backend`, see `resolve_backend`) calls them; medians over `repeats`
+    interleaved runs after `warmup` (CUDA synchronised around each call)."""
     if resolve_backend(backend, target, draft) == "static":
         return measure_costs_static(target, draft, ks=ks, prompt_len=prompt_len, repeats=repeats, warmup=max(1, warmup), seed=seed)
+    return measure_costs_many(target, {"draft": draft}, ks, prompt_len, repeats, warmup, seed, prompt_ids)["draft"]
+
+
+def _cost_tokens(
+    target: PreTrainedModel, drafts: Sequence[PreTrainedModel], prompt_len: int, k_max: int, seed: int, prompt_ids: Sequence[int] | None
+) -> torch.Tensor:
+    """[1, prompt_len + k_max + 1] token ids: the real `prompt_ids` when given (the warm cache is all
+    but their last k_max + 1, which are stepped), else seeded random ids below both vocabularies."""
+    if prompt_ids is not None:
+        if len(prompt_ids) < k_max + 2:
+            raise ValueError(f"prompt_ids has {len(prompt_ids)} tokens; the costs of k = {k_max} need at least {k_max + 2}")
+        return torch.tensor([list(prompt_ids)], dtype=torch.long)
+    vocab = min(m.get_input_embeddings().num_embeddings for m in (target, *drafts))
+    return torch.randint(0, vocab, (1, prompt_len + k_max + 1), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def measure_costs_many(
+    target: PreTrainedModel,
+    drafts: dict[str, PreTrainedModel],
+    ks: Iterable[int] = range(1, 9),
+    prompt_len: int = 128,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    prompt_ids: Sequence[int] | None = None,
+) -> dict[str, Costs]:
+    """c and v(k) of several drafts under one target on the eager loop, the target timed once: each
+    repeat times a target step, every draft's step and each verify in turn (so all share the machine's
+    state), and c of each draft divides by the same target median. Costs also carry the spread of the
+    repeats (interquartile range over the median) of both steps."""
     ks = sorted({int(k) for k in ks})
     if not ks or ks[0] < 1:
         raise ValueError(f"ks must be draft lengths >= 1, got {ks}")
     if prompt_len < 1 or repeats < 1:
         raise ValueError(f"prompt_len and repeats must be >= 1, got {prompt_len} and {repeats}")
-    context = min(context_length(target), context_length(draft))
-    if prompt_len + ks[-1] + 1 > context:
-        raise ValueError(f"prompt_len {prompt_len} + k {ks[-1]} + 1 exceeds the models' context of {context}: lower prompt_len")
     device = model_device(target)
-    if model_device(draft) != device:
-        raise ValueError(f"target is on {device} but draft on {model_device(draft)}: move both to one device")
-    vocab = min(target.get_input_embeddings().num_embeddings, draft.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)
-    tokens = torch.randint(0, vocab, (1, ks[-1] + 1), generator=gen).to(device)
+    for name, model in drafts.items():
+        if model_device(model) != device:
+            raise ValueError(f"target is on {device} but draft {name!r} on {model_device(model)}: move both to one device")
+    ids = _cost_tokens(target, list(drafts.values()), prompt_len, ks[-1], seed, prompt_ids).to(device)
+    prompt, tokens = ids[:, : -(ks[-1] + 1)], ids[:, -(ks[-1] + 1) :]
+    context = min(context_length(m) for m in (target, *drafts.values()))
+    if ids.shape[1] > context:
+        raise ValueError(f"prompt_len {prompt.shape[1]} + k {ks[-1]} + 1 exceeds the models' context of {context}: lower prompt_len")
+    models = {"target": target, **{("draft", name): model for name, model in drafts.items()}}
     caches = {}
-    for name, model in (("target", target), ("draft", draft)):
-        caches[name] = DynamicCache(config=model.config)
-        model(input_ids=prompt, cache=caches[name], use_cache=True, logits_to_keep=1)
+    for key, model in models.items():
+        caches[key] = DynamicCache(config=model.config)
+        model(input_ids=prompt, cache=caches[key], use_cache=True, logits_to_keep=1)
 
-    def timed(model: PreTrainedModel, cache: DynamicCache, n: int) -> float:
+    def timed(key: Any, n: int) -> float:
         synchronize(device)
         start = time.perf_counter()
-        model(input_ids=tokens[:, :n], cache=cache, use_cache=True, logits_to_keep=n)
+        models[key](input_ids=tokens[:, :n], cache=caches[key], use_cache=True, logits_to_keep=n)
         synchronize(device)
         elapsed = time.perf_counter() - start
-        cache.crop(-n)  # back to prompt_len: every call sees the same warm cache
+        caches[key].crop(-n)  # back to the prompt: every call sees the same warm cache
         return elapsed
 
-    jobs = [("target", target, 1), ("draft", draft, 1)] + [(k, target, k + 1) for k in ks]
+    jobs = [("target", "target", 1)] + [(key, key, 1) for key in models if key != "target"] + [(k, "target", k + 1) for k in ks]
     times: dict[Any, list[float]] = {name: [] for name, _, _ in jobs}
     for r in range(warmup + repeats):
-        for name, model, n in jobs:
-            elapsed = timed(model, caches["draft" if name == "draft" else "target"], n)
+        for name, key, n in jobs:
+            elapsed = timed(key, n)
             if r >= warmup:
                 times[name].append(elapsed)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    t, d = med["target"], med["draft"]
-    return Costs(
-        target_step_s=t,
-        draft_step_s=d,
-        c=d / t,
-        v={k: med[k] / t for k in ks},
-        device=str(device),
-        dtype=dtype_name(target.dtype),
-        prompt_len=prompt_len,
-        repeats=repeats,
-    )
+    t = med["target"]
+    return {
+        name: Costs(
+            target_step_s=t,
+            draft_step_s=med[("draft", name)],
+            c=med[("draft", name)] / t,
+            v={k: med[k] / t for k in ks},
+            device=str(device),
+            dtype=dtype_name(target.dtype),
+            prompt_len=prompt.shape[1],
+            repeats=repeats,
+            target_step_spread=spread(times["target"]),
+            draft_step_spread=spread(times[("draft", name)]),
+            real_tokens=prompt_ids is not None,
+        )
+        for name in drafts
+    }
+
+
+def spread(times: Sequence[float]) -> float:
+    """The interquartile range of repeated timings over their median: how much a median can be trusted."""
+    q1, q2, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return (q3 - q1) / q2 if q2 else 0.0
 
 
 @torch.inference_mode()

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from distill.common.clock import Clock
 from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import greedy_accept, rejection_accept, sample, warp
 from distill.speculative.schedule import make_schedule
-from distill.speculative.static import Clock, Graphs, check_static_model, graphs_available
+from distill.speculative.static import Graphs, check_static_model, graphs_available
 from distill.speculative.stats import SpecOutput, SpecStats
 
 
@@ -186,19 +187,22 @@ class SpecLoop:
         self.result[:, 0], self.result[:, 1], self.result[:, 2] = kept, n, top
         self.result[:, 3 : k + 4] = emitted
 
-    def _round(self, k: int) -> tuple[list[list[int]], float, float]:
-        """One round: [kept, n, top, emitted...] per row (read in the round's one host sync), and
-        the seconds the draft steps and the verify took."""
+    def _round(self, k: int) -> tuple[list[list[int]], float, float, float]:
+        """One round: [kept, n, top, emitted...] per row (read in the round's one host sync), the
+        seconds the draft steps (uniforms included) and the verify took on the device's clock, and
+        the host time at which the round's bookkeeping starts (the verify's end on a CPU; after the
+        sync on CUDA, where the host waits for the device)."""
+        clock = Clock(self.device)
         if self.sampling:
             self.uniforms[:, : 2 * k + 1].copy_(torch.rand(self.uniforms.shape[0], 2 * k + 1, generator=self.generator, device=self.device))
-        clock = Clock(self.device)
         if k:
             self.runner.run(("draft", k, self.sampling), lambda: self._draft_fn(k), self._state)
         clock.mark()
         self.runner.run(("verify", k, self.sampling), lambda: self._verify(k), self._state)
         clock.mark()
+        verify_end = clock.marks[-1]
         result = self.result[:, : k + 4].tolist()
-        return result, clock.seconds(0, 1), clock.seconds(1, 2)
+        return result, clock.seconds(0, 1), clock.seconds(1, 2), time.perf_counter() if clock.cuda else verify_end
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -275,7 +279,7 @@ class SpecLoop:
             k = min(schedule.next_k(), k_cap)
             if not self.static:  # (static rounds keep the schedule's k: their graphs exist)
                 k = max(1, min(k, max(room) - 1)) if self.dside is not None else 0
-            result, draft_s, verify_s = self._round(k)
+            result, draft_s, verify_s, booked_from = self._round(k)
             proposed = [min(k, r - 1) for r in room]
             accepted = [min(result[i][1], p) for i, p in zip(live, proposed)]
             for p, a in zip(proposed, accepted):
@@ -301,6 +305,7 @@ class SpecLoop:
             self._retire(finished)
             if live:
                 self._compact_if_needed(live, waste)
+            stats.record_times(k, draft_s, verify_s, time.perf_counter() - booked_from)
 
         stats.new_tokens = sum(map(len, out))
         width = max(map(len, out))

@@ -9,7 +9,6 @@ check them."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -86,23 +85,3 @@ class Graphs:
         with torch.cuda.graph(graph, pool=self.pool):
             step()  # recorded, not run: the state is untouched until replay
         return graph
-
-
-class Clock:
-    """Time marks on the device's timeline (CUDA events, read after the round's sync; perf_counter
-    elsewhere), so timing a round adds no synchronisation."""
-
-    def __init__(self, device: torch.device):
-        self.cuda, self.marks = device.type == "cuda", []
-        self.mark()
-
-    def mark(self) -> None:
-        if self.cuda:
-            self.marks.append(torch.cuda.Event(enable_timing=True))
-            self.marks[-1].record()
-        else:
-            self.marks.append(time.perf_counter())
-
-    def seconds(self, i: int, j: int) -> float:
-        a, b = self.marks[i], self.marks[j]
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a

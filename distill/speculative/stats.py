@@ -29,6 +29,21 @@ class SpecStats:
     ttft_s: float = 0.0
     wall_s: float = 0.0
     num_sequences: int = 0
+    # The decode phase (after the first token) timed per round, each part on its own clock: the draft's
+    # k steps, the target's verify forward, and the host's bookkeeping (reading the result, emitting
+    # blocks, stop checks, cache compaction). Their sum is the decode time less what no round holds.
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    draft_tokens_proposed: int = 0  # Σ k over rounds: draft steps taken after the prefill
+
+    def record_times(self, k: int, draft_s: float, verify_s: float, bookkeeping_s: float) -> None:
+        """Add one round's timings: k draft steps in `draft_s`, the verify in `verify_s`, the host's
+        bookkeeping in `bookkeeping_s`."""
+        self.draft_tokens_proposed += k
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.bookkeeping_s += bookkeeping_s
 
     def record_round(self, proposed_per_row: list[int], accepted_per_row: list[int]) -> None:
         """Add one verification round: row b had proposed_per_row[b] draft tokens checked, of which

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from distill.common.io import atomic_write, write_json
 from distill.common.prompts import apply_template
-from distill.common.vocab import tokenizer_fingerprint
+from distill.common.vocab import cut_at_eos, tokenizer_fingerprint
 from distill.training import topk_store
 from distill.training.recipe import DataSpec
 
@@ -240,20 +240,6 @@ def _key(messages: Messages) -> str:
     return hashlib.sha256(json.dumps(messages, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _read_records(path: Path) -> dict[str, dict]:
     """key -> record from a generations JSONL; a torn last line (a crash mid-write) is skipped."""
     records = {}
@@ -311,7 +297,7 @@ def _check_manifest(path: Path, cache_path: Path, manifest: dict) -> None:
             raise ValueError(
                 f"generation cache {cache_path} has no manifest {path}; delete the cache (and {topk_store.store_dir(cache_path).name}) or choose another path"
             )
-        _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+        write_json(path, manifest)
         return
     diffs = _manifest_diffs(json.loads(path.read_text(encoding="utf-8")), manifest)
     if diffs:
@@ -392,14 +378,6 @@ def _cache_of(partial: Path) -> Path:
     return partial.with_name(name[: name.index(".partial")])
 
 
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """A generated row up to and including its first EOS (the padding after it dropped); all of it when it never stopped."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
 def _answer(
     model,
     tokenizer,
@@ -446,7 +424,7 @@ def _answer(
                     logits_processor=[recorder] if recorder else None,
                     **kwargs,
                 )
-            new = [_until_eos(row.tolist(), eos) for row in sequences[:, width:].cpu()]
+            new = [cut_at_eos(row.tolist(), eos) for row in sequences[:, width:].cpu()]
             if recorder:
                 top_ids, top_lps = recorder.stacked()
                 topk_store.write_batch(
@@ -520,7 +498,7 @@ def generate_responses(
         )
     if todo or _partials(cache_path) or not cache_path.exists():
         order = list(dict.fromkeys([*keyed, *records]))  # examples' order first
-        _write_atomic(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
+        atomic_write(cache_path, "".join(json.dumps(records[k], ensure_ascii=False) + "\n" for k in order))
         for partial in _partials(cache_path):
             partial.unlink()
     return _responses(examples, records)
@@ -617,8 +595,6 @@ def build_train_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, k
     """Tokenized training set (`input_ids`, `attention_mask`, `labels`) for `spec`: load, answer
     (dataset or target generations), chat-template and mask. `target` is needed when
     `response_source` is 'target' (and `keep_topk` then keeps its top-k log-probs while it answers)."""
-    if spec.packing:
-        raise NotImplementedError("data.packing is not supported: examples are padded per batch; set packing: false")
     return _tokenized(_with_responses(_recipe_examples(spec, seed, "train"), spec, tokenizer, target, keep_topk), spec, tokenizer)
 
 

@@ -13,6 +13,7 @@ import difflib
 import os
 import re
 import tempfile
+import textwrap
 import types
 import typing
 from collections.abc import Sequence
@@ -41,6 +42,46 @@ class RecipeError(ValueError):
         super().__init__("\n  ".join([prefix, *errors]))
 
 
+class RemovedKeyError(RecipeError):
+    """A recipe that still sets a key this version removed: one line per such key, naming it and saying what to do."""
+
+    def __init__(self, errors: list[str], source: str | None = None):
+        self.errors = errors
+        ValueError.__init__(self, "\n".join(f"{source}: {e}" if source else e for e in errors))
+
+
+# Keys earlier versions accepted: dotted path -> why it went. A recipe that still sets one is refused
+# with one line naming it (rather than as an unknown key, or silently ignored).
+REMOVED_KEYS = {
+    "data.packing": "examples are always padded per batch",
+    "eval": (
+        "it was read only by the model card; the speculative-decoding settings are options of `distill accept` "
+        "(--num-draft-tokens, --max-new-tokens, --num-samples), whose report `distill publish --eval-report` reads"
+    ),
+}
+
+
+def _removed(path: str, fix: str) -> str:
+    return f"recipe key '{path}' was removed: {REMOVED_KEYS[path]}; {fix}"
+
+
+def _removed_keys_in(data: Any) -> list[str]:
+    """One message per key of REMOVED_KEYS that the raw recipe mapping `data` still sets."""
+    found = []
+    for path in REMOVED_KEYS:
+        node, parts = data, path.split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts[-1] in node:
+            found.append(_removed(path, "delete the key"))
+    return found
+
+
+def _removed_override(path: str) -> str | None:
+    """The removed key that a `--set` dotted `path` is, or lies under; None when it is none."""
+    return next((key for key in REMOVED_KEYS if path == key or path.startswith(key + ".")), None)
+
+
 def _check(predicate: typing.Callable[[Any], bool], what: str) -> dict[str, Any]:
     """Field metadata: a range check applied after type conversion, `what` says the allowed range."""
     return {"check": (predicate, what)}
@@ -53,141 +94,351 @@ _UNIT = _check(lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
 
 @dataclass(kw_only=True)
 class ModelSpec:
-    """A Hugging Face model to load with `from_pretrained`. `trust_remote_code` runs Python shipped
-    in the model's folder or Hub repo (its `auto_map`): off unless the recipe turns it on."""
+    """A Hugging Face model to load with `from_pretrained`."""
 
-    name_or_path: str
-    revision: str | None = None
-    dtype: Dtype = "auto"
-    trust_remote_code: bool = False
+    name_or_path: str = field(
+        metadata={
+            "help": "The model: a Hub id (e.g. Qwen/Qwen2.5-7B-Instruct), a local model folder, a training output folder (its draft/ is read) or a .gguf file."
+        }
+    )
+    revision: str | None = field(
+        default=None,
+        metadata={"help": "The Hub revision to load (a branch, tag or commit hash); null: the default branch. Ignored for local folders and .gguf files."},
+    )
+    dtype: Dtype = field(
+        default="auto",
+        metadata={"help": "The dtype the weights are loaded in; auto: float32 on a CPU (bfloat16 there is inexact), the checkpoint's own dtype on a GPU."},
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Run the Python shipped in the model's folder or Hub repo (its config's `auto_map`); off unless the recipe turns it on."},
+    )
 
 
 @dataclass(kw_only=True)
 class LoraSpec:
     """peft LoRA settings for the draft."""
 
-    r: int = field(default=16, metadata=_POSITIVE)
-    alpha: int = field(default=32, metadata=_POSITIVE)
-    dropout: float = field(default=0.05, metadata=_UNIT)
-    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_MODULES))
+    r: int = field(default=16, metadata={"help": "The LoRA rank: the inner dimension of each adapter's two low-rank matrices.", **_POSITIVE})
+    alpha: int = field(default=32, metadata={"help": "The LoRA scaling (peft's lora_alpha): each adapter's update is scaled by alpha / r.", **_POSITIVE})
+    dropout: float = field(default=0.05, metadata={"help": "Dropout probability on each adapter's input (peft's lora_dropout), from 0 to 1.", **_UNIT})
+    target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_LORA_MODULES),
+        metadata={
+            "help": "Names of the linear layers that get an adapter (peft's target_modules); the rest stays frozen. lm_head is refused: the fused loss "
+            "reads the head's weight directly."
+        },
+    )
 
 
 @dataclass(kw_only=True)
 class DraftSpec(ModelSpec):
-    """The draft: pretrained weights (`name_or_path`) or a fresh random init from `config`
-    (a `Qwen2Config` keyword dict, used with the target tokenizer); exactly one of the two."""
+    """The draft: pretrained weights (`name_or_path`) or a fresh random init from `config`; exactly one of the two."""
 
-    name_or_path: str | None = None
-    config: dict | None = None
-    lora: LoraSpec | None = None
-    merge_on_save: bool = True
+    name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "The pretrained draft to start from: a Hub id, a local model folder or a .gguf file. Set this or draft.config, not both."},
+    )
+    dtype: Dtype = field(
+        default="auto",
+        metadata={
+            "help": "The dtype the draft's weights are loaded and trained in; auto: float32 master weights (training.bf16 then autocasts). "
+            "bfloat16 suits a LoRA draft, whose base stays frozen. A draft.config draft is always initialised in float32."
+        },
+    )
+    config: dict | None = field(
+        default=None,
+        metadata={
+            "help": "A fresh random-init draft instead: Qwen2Config keyword arguments (hidden_size, num_hidden_layers, ...), used with the target's "
+            "tokenizer; vocab_size defaults to the tokenizer's length and may not be smaller. Set this or draft.name_or_path, not both."
+        },
+    )
+    lora: LoraSpec | None = field(
+        default=None,
+        metadata={"help": "Train a peft LoRA adapter on the frozen draft instead of every weight (`lora: {}` takes the defaults below); null: full fine-tune."},
+    )
+    merge_on_save: bool = field(
+        default=True,
+        metadata={
+            "help": "With draft.lora: write draft/ as the base with the adapter merged in (a plain model any decoder loads); false: write the adapter alone."
+        },
+    )
 
 
 @dataclass(kw_only=True)
 class DataSpec:
-    """Where prompts and responses come from and how they are tokenized (see distill.training.data).
+    """Where prompts and responses come from and how they are tokenized (see distill.training.data)."""
 
-    `eval_split` is a split of `dataset`, or a local .jsonl/.json/.parquet file of held-out data.
-    `subset` is the Hub dataset's configuration name (e.g. "main" for openai/gsm8k).
-    `prompt_template` rewrites each prompt's last user turn: the name of an evaluation task whose
-    prompt to ask with (e.g. "gsm8k", as `distill accept` asks), or a string with a `{question}` field."""
-
-    dataset: str
-    subset: str | None = None
-    adapter: Adapter | None = None
-    prompt_template: str | None = None
-    split: str = "train"
-    num_samples: int | None = field(default=None, metadata=_POSITIVE)
-    eval_split: str | None = None
-    eval_samples: int = field(default=64, metadata=_POSITIVE)
-    max_prompt_length: int = field(default=512, metadata=_POSITIVE)
-    max_length: int = field(default=1024, metadata=_POSITIVE)
-    response_source: Literal["dataset", "target"] = "dataset"
-    generation_max_new_tokens: int = field(default=256, metadata=_POSITIVE)
-    generation_batch_size: int = field(default=8, metadata=_POSITIVE)
-    generation_cache: str | None = None
-    packing: bool = False
+    dataset: str = field(
+        metadata={"help": "The training data: a Hub dataset id (e.g. openai/gsm8k) or a local .jsonl, .json or .parquet file of rows."},
+    )
+    subset: str | None = field(
+        default=None, metadata={"help": "The Hub dataset's configuration name (e.g. main for openai/gsm8k); null: its only or default one."}
+    )
+    adapter: Adapter | None = field(
+        default=None,
+        metadata={
+            "help": "How a row becomes a prompt and a response: gsm8k, mmlu or cnndm (those datasets' Hub columns), messages (a chat `messages` list; "
+            "a last assistant turn is the response) or prompt_response (`prompt` and an optional `response` column); null: detected from the columns."
+        },
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Rewrites each prompt's last user turn: the name of an evaluation task whose prompt to ask with (gsm8k, as `distill accept` asks), "
+            "or a string with a {question} field where the prompt goes; null: prompts as the dataset has them."
+        },
+    )
+    split: str = field(default="train", metadata={"help": "The split of data.dataset to train on; a local file has one split, train."})
+    num_samples: int | None = field(
+        default=None, metadata={"help": "Training rows drawn at random (seeded by `seed`) from the split; null: every row, in order.", **_POSITIVE}
+    )
+    eval_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out data, evaluated with training.eval_steps and at the end: a split of data.dataset, or a local .jsonl, .json or .parquet file "
+            "read with the same adapter; null: no held-out evaluation."
+        },
+    )
+    eval_samples: int = field(
+        default=64,
+        metadata={"help": "Held-out rows drawn at random (seeded by `seed`) from data.eval_split; all of them, in order, when it has fewer.", **_POSITIVE},
+    )
+    max_prompt_length: int = field(
+        default=512,
+        metadata={
+            "help": "Tokens kept of each chat-templated prompt, from its end (what the response follows); the target also generates from prompts cut "
+            "so. Must be < data.max_length.",
+            **_POSITIVE,
+        },
+    )
+    max_length: int = field(
+        default=1024,
+        metadata={
+            "help": "The longest example in tokens, prompt + response + EOS: the response is cut to fit. At most the context "
+            "(max_position_embeddings) of either model.",
+            **_POSITIVE,
+        },
+    )
+    response_source: Literal["dataset", "target"] = field(
+        default="dataset",
+        metadata={
+            "help": "Where responses come from: dataset, the dataset's own answers; target, sequence-level KD: the target answers every prompt once "
+            "(greedy), cached in data.generation_cache, and the draft learns on those answers."
+        },
+    )
+    generation_max_new_tokens: int = field(
+        default=256, metadata={"help": "With data.response_source target: the most tokens the target generates per response.", **_POSITIVE}
+    )
+    generation_batch_size: int = field(default=8, metadata={"help": "With data.response_source target: prompts per generate call of the target.", **_POSITIVE})
+    generation_cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "With data.response_source target (required then): the .jsonl file the target's responses are written to and reused from, "
+            "next to a .manifest.json that pins model, tokenizer and settings; a stopped generation resumes where it left off."
+        },
+    )
 
 
 @dataclass(kw_only=True)
 class TeacherSpec:
     """The target's signal: computed online each step, or read from a top-k cache."""
 
-    mode: Literal["online", "cache"] = "online"
-    cache_dir: str | None = None
-    top_k: int = field(default=32, metadata=_POSITIVE)
-    batch_size: int = field(default=8, metadata=_POSITIVE)
+    mode: Literal["online", "cache"] = field(
+        default="online",
+        metadata={
+            "help": "online: the target runs next to the draft and gives its full logits every step; cache: the target's top-k log-probs are read "
+            "from teacher.cache_dir, written once by `distill cache-teacher` (or by `distill train` first), so the target is not in memory "
+            "while the draft trains."
+        },
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "The folder of the top-k cache (train/ and eval/ inside), written by `distill cache-teacher`; required when teacher.mode is cache."},
+    )
+    top_k: int = field(
+        default=32,
+        metadata={
+            "help": "Log-probs the cache keeps per response token, the target's most likely ones; the rest of the mass is one tail bucket. "
+            "loss.top_k may not exceed it.",
+            **_POSITIVE,
+        },
+    )
+    batch_size: int = field(
+        default=8, metadata={"help": "Examples per forward pass of the target while `distill cache-teacher` writes the cache.", **_POSITIVE}
+    )
 
 
 @dataclass(kw_only=True)
 class TokenSelectionSpec:
-    """AdaSPEC (distill.training.selection): per batch, the divergence is taken only on the `keep_fraction` of
-    response tokens where the `reference` draft's loss is furthest below the draft's. The reference
-    is a draft distilled first with plain KD (a path or Hub id) and must share the target's tokenizer."""
+    """AdaSPEC (distill.training.selection): the divergence is taken only on the tokens a reference draft shows are learnable."""
 
-    reference: str
-    keep_fraction: float = field(default=0.4, metadata=_check(lambda v: 0.0 < v <= 1.0, "in (0, 1]"))
+    reference: str = field(
+        metadata={"help": "The reference draft, distilled first with plain KD (a folder, training output or Hub id); it must share the target's tokenizer."},
+    )
+    keep_fraction: float = field(
+        default=0.4,
+        metadata={
+            "help": "The share of each batch's response tokens the divergence is taken on: those where the reference's loss is furthest below the "
+            "draft's. In (0, 1]; 1 keeps every token.",
+            **_check(lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+        },
+    )
 
 
 @dataclass(kw_only=True)
 class LossSpec:
-    """The distillation objective (see distill.training.losses)."""
+    """The distillation objective (see distill.training.losses): divergence_weight × mean divergence + ce_weight × mean CE over response tokens."""
 
-    divergence: Divergence = "forward_kl"
-    beta: float = field(default=0.5, metadata=_UNIT)
-    temperature: float = field(default=1.0, metadata=_POSITIVE)
-    divergence_weight: float = field(default=1.0, metadata=_NON_NEGATIVE)  # 0 with ce_weight > 0: plain CE baseline
-    ce_weight: float = field(default=0.0, metadata=_NON_NEGATIVE)
-    top_k: int | None = field(default=None, metadata=_POSITIVE)
-    chunk_size: int = field(default=1024, metadata=_POSITIVE)
-    lmbda: float = field(default=0.0, metadata=_UNIT)
-    max_new_tokens_on_policy: int = field(default=128, metadata=_POSITIVE)
-    token_selection: TokenSelectionSpec | None = None
+    divergence: Divergence = field(
+        default="forward_kl",
+        metadata={
+            "help": "The per-token divergence between the draft's and the target's next-token distributions: forward_kl, KL(target ‖ draft), "
+            "mass-covering; reverse_kl, KL(draft ‖ target), mode-seeking; jsd, generalized Jensen-Shannon (see loss.beta); tvd, total variation "
+            "(1 − TVD is speculative sampling's acceptance rate)."
+        },
+    )
+    beta: float = field(
+        default=0.5,
+        metadata={
+            "help": "For divergence jsd only: the mixture weight, m = (1 − beta)·draft + beta·target; 0 gives forward KL, 1 reverse KL.",
+            **_UNIT,
+        },
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Both models' logits are divided by it before the divergence (no T² rescaling; 1.0 leaves them as they are); also the sampling "
+            "temperature of the on-policy responses (loss.lmbda).",
+            **_POSITIVE,
+        },
+    )
+    divergence_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "The weight of the mean divergence in the loss; 0, with loss.ce_weight > 0, trains on cross-entropy alone (the plain "
+            "fine-tuning baseline).",
+            **_NON_NEGATIVE,
+        },
+    )
+    ce_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "The weight of an added cross-entropy term: the mean CE of the draft's (untempered) logits on the response tokens; 0 turns it off.",
+            **_NON_NEGATIVE,
+        },
+    )
+    top_k: int | None = field(
+        default=None,
+        metadata={
+            "help": "Compare on the target's k most likely tokens plus one tail bucket instead of its whole distribution (from a cache: its first k "
+            "entries); null: the full logits online, every cached entry from a cache.",
+            **_POSITIVE,
+        },
+    )
+    chunk_size: int = field(
+        default=1024,
+        metadata={
+            "help": "Response tokens whose draft logits exist at once: the loss (and the evaluation statistics and AdaSPEC's per-token losses) "
+            "runs chunk by chunk, so the full tokens × vocabulary logits never do. Peak memory ≈ 10 × chunk_size × vocabulary × 4 bytes; "
+            "lower it to save memory, raise it for speed.",
+            **_POSITIVE,
+        },
+    )
+    lmbda: float = field(
+        default=0.0,
+        metadata={
+            "help": "GKD's on-policy fraction: the share of micro-batches (drawn reproducibly) whose responses are replaced by the draft's own "
+            "samples for the same prompts before the loss; 0: never. Above 0 it needs teacher.mode online.",
+            **_UNIT,
+        },
+    )
+    max_new_tokens_on_policy: int = field(
+        default=128, metadata={"help": "With loss.lmbda > 0: the most tokens the draft samples per on-policy response.", **_POSITIVE}
+    )
+    token_selection: TokenSelectionSpec | None = field(
+        default=None,
+        metadata={"help": "AdaSPEC: take the divergence only on the tokens a reference draft shows are learnable (training only); null: every response token."},
+    )
 
 
 @dataclass(kw_only=True)
 class TrainingSpec:
     """Trainer settings, named as `transformers.TrainingArguments` names them."""
 
-    max_steps: int = field(metadata=_POSITIVE)
-    per_device_train_batch_size: int = field(default=4, metadata=_POSITIVE)
-    gradient_accumulation_steps: int = field(default=1, metadata=_POSITIVE)
-    learning_rate: float = field(default=5e-5, metadata=_POSITIVE)
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = field(default=0.0, metadata=_UNIT)
-    weight_decay: float = field(default=0.0, metadata=_NON_NEGATIVE)
-    logging_steps: int = field(default=10, metadata=_POSITIVE)
-    eval_steps: int | None = field(default=None, metadata=_POSITIVE)
-    save_steps: int = field(default=500, metadata=_POSITIVE)
-    save_total_limit: int | None = field(default=2, metadata=_POSITIVE)
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    report_to: list[str] = field(default_factory=lambda: ["none"])
-    dataloader_num_workers: int = field(default=0, metadata=_NON_NEGATIVE)
-
-
-@dataclass(kw_only=True)
-class EvalSpec:
-    """Speculative-decoding evaluation after training."""
-
-    num_prompts: int = field(default=32, metadata=_POSITIVE)
-    max_new_tokens: int = field(default=64, metadata=_POSITIVE)
-    num_draft_tokens: int = field(default=5, metadata=_POSITIVE)
+    max_steps: int = field(
+        metadata={
+            "help": "Optimizer steps to train; each takes per_device_train_batch_size × gradient_accumulation_steps × processes examples.",
+            **_POSITIVE,
+        }
+    )
+    per_device_train_batch_size: int = field(
+        default=4,
+        metadata={"help": "Examples per micro-batch on each process (also the evaluation batch size), padded to the longest of them.", **_POSITIVE},
+    )
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches whose gradients add up to one optimizer step.", **_POSITIVE})
+    learning_rate: float = field(default=5e-5, metadata={"help": "The peak AdamW learning rate.", **_POSITIVE})
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "The learning-rate schedule, a transformers scheduler name: cosine, linear, constant, constant_with_warmup, ..."}
+    )
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "The fraction (0 to 1) of training.max_steps over which the learning rate rises linearly from 0.", **_UNIT}
+    )
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW's decoupled weight decay.", **_NON_NEGATIVE})
+    logging_steps: int = field(
+        default=10, metadata={"help": "Log the training loss (and kept_fraction with loss.token_selection) every this many steps.", **_POSITIVE}
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also evaluate on data.eval_split every this many steps (eval_loss, eval_expected_acceptance = 1 − TVD, eval_top1_agreement); "
+            "null: only once, at the end, as every run with a data.eval_split does.",
+            **_POSITIVE,
+        },
+    )
+    save_steps: int = field(default=500, metadata={"help": "Write a checkpoint-N folder (what --resume continues from) every this many steps.", **_POSITIVE})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Keep at most this many checkpoint-N folders, deleting the oldest; null: keep them all.", **_POSITIVE}
+    )
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 mixed precision (autocast) on a GPU; on a CPU it is turned off with a warning."})
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Recompute each layer's activations in the backward pass instead of keeping them: far less activation memory for one more forward pass."
+        },
+    )
+    report_to: list[str] = field(
+        default_factory=lambda: ["none"],
+        metadata={"help": "Where Trainer sends its logs, e.g. [tensorboard] or [wandb]; [none]: the console and trainer_state.json only."},
+    )
+    dataloader_num_workers: int = field(default=0, metadata={"help": "Worker processes that load batches; 0 loads them in the main process.", **_NON_NEGATIVE})
 
 
 @dataclass(kw_only=True)
 class Recipe:
     """One training run: which pair, which data, which objective, how long."""
 
-    seed: int = 0
-    output_dir: str
-    target: ModelSpec
-    draft: DraftSpec
-    data: DataSpec
-    teacher: TeacherSpec = field(default_factory=TeacherSpec)
-    loss: LossSpec = field(default_factory=LossSpec)
-    training: TrainingSpec
-    eval: EvalSpec = field(default_factory=EvalSpec)
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seeds the run: the Trainer (data order, dropout), the rows num_samples and eval_samples draw, a draft.config draft's and "
+            "the LoRA adapter's initialisation, and the on-policy draws."
+        },
+    )
+    output_dir: str = field(
+        metadata={
+            "help": "Where the run writes checkpoint-N folders, draft/ (the trained draft), recipe.yaml (this recipe, every default filled in) "
+            "and run_info.json; it must hold no checkpoint unless --resume is given."
+        }
+    )
+    target: ModelSpec = field(metadata={"help": "The target: the model the draft learns to predict and will speed up; its tokenizer is the run's."})
+    draft: DraftSpec = field(metadata={"help": "The draft being trained: pretrained weights (name_or_path) or a fresh init (config), full or LoRA."})
+    data: DataSpec = field(metadata={"help": "Where prompts and responses come from and how they are tokenized."})
+    teacher: TeacherSpec = field(
+        default_factory=TeacherSpec, metadata={"help": "Where the target's signal comes from: the live target, or a top-k cache of its log-probs."}
+    )
+    loss: LossSpec = field(default_factory=LossSpec, metadata={"help": "The distillation objective."})
+    training: TrainingSpec = field(metadata={"help": "Trainer settings, named as transformers.TrainingArguments names them."})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the whole recipe (every default filled in); `load_recipe` reads it back."""
@@ -333,8 +584,6 @@ def _cross_checks(r: Recipe) -> list[str]:
             f"data.prompt_template: {r.data.prompt_template!r} is neither a task name ({', '.join(TEMPLATES)}) "
             "nor a string with a {question} field where the prompt goes"
         )
-    if r.data.packing:
-        errors.append("data.packing: packing is not supported (examples are padded per batch); set packing: false")
     return errors
 
 
@@ -355,6 +604,75 @@ def check_paths(recipe: Recipe) -> None:
     ]
     if missing:
         raise RecipeError(missing)
+
+
+# --------------------------------------------------------------------------- help
+
+
+@dataclass(frozen=True)
+class KeyHelp:
+    """One recipe key as `distill train --help-recipe` lists it."""
+
+    path: str  # dotted, e.g. "data.max_length"
+    type: str  # as validation names it, e.g. "int | null"; a section is a "mapping"
+    default: str  # as YAML writes it, or "(required)"
+    help: str
+    section: bool  # a mapping of keys of its own (listed with its keys after it)
+
+
+def _yaml_value(value: Any) -> str:
+    if dataclasses.is_dataclass(value):
+        return "{}"  # a section left out: each of its keys takes its default
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=1_000_000).strip()
+    return text.removesuffix("...").strip()
+
+
+def _default_of(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return _yaml_value(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _yaml_value(f.default_factory())
+    return "(required)"
+
+
+def _section_of(tp: Any) -> type | None:
+    """The dataclass a field of type `tp` holds (a section), None for a plain value."""
+    return next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
+
+
+def recipe_keys(cls: type = Recipe, prefix: str = "") -> list[KeyHelp]:
+    """Every key the schema declares, walked from the dataclasses: a section's plain keys, then each
+    nested section followed by its own keys."""
+    hints = typing.get_type_hints(cls)
+    plain, sections = [], []
+    for f in dataclasses.fields(cls):
+        path, sub = f"{prefix}{f.name}", _section_of(hints[f.name])
+        key = KeyHelp(path, _type_name(hints[f.name]), _default_of(f), f.metadata.get("help", ""), sub is not None)
+        if sub is None:
+            plain.append(key)
+        else:
+            sections += [key, *recipe_keys(sub, f"{path}.")]
+    return plain + sections
+
+
+def recipe_help(width: int = 100) -> str:
+    """The text of `distill train --help-recipe`: each key as `path: type = default` and its help, grouped by section."""
+    lines = [
+        "Recipe keys: a recipe is a YAML mapping of these (sections nest), each listed as `path: type = default` and",
+        "what it does. Any key can also be set on the command line: distill train RECIPE --set KEY=VALUE.",
+    ]
+    wrap = {n: textwrap.TextWrapper(width=width, initial_indent=" " * n, subsequent_indent=" " * n, break_on_hyphens=False) for n in (4, 6)}
+    lines.append("")
+    for key in recipe_keys():
+        default = key.default if key.default == "(required)" else f"= {key.default}"
+        if key.section:
+            lines += ["", f"{key.path}: {key.type} {default}", *wrap[4].wrap(key.help)]
+        else:
+            lines += [f"  {key.path}: {key.type} {default}", *wrap[6].wrap(key.help)]
+    lines += ["", "Removed keys: a recipe that still sets one is refused with a line that names it."]
+    for path, why in REMOVED_KEYS.items():
+        lines += [f"  {path}", *wrap[6].wrap(f"{why}.")]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- YAML
@@ -402,12 +720,17 @@ def _override_field(path: str) -> tuple[list[str], list[str]]:
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """A copy of the raw recipe `data` with each `key.path=value` applied (value read as YAML, so
-    `null`, `2`, `5e-5` and `[a, b]` are typed); a misspelt key is an error naming the closest one."""
-    data, errors = copy.deepcopy(data), []
+    `null`, `2`, `5e-5` and `[a, b]` are typed); a misspelt key is an error naming the closest one,
+    a removed one (REMOVED_KEYS) a RemovedKeyError."""
+    data, errors, gone = copy.deepcopy(data), [], []
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or not path.strip():
             errors.append(f"--set {item!r}: write KEY=VALUE with a dotted key, e.g. training.max_steps=10")
+            continue
+        removed = _removed_override(path.strip())
+        if removed:
+            gone.append(f"--set {path.strip()}: " + _removed(removed, "drop this --set"))
             continue
         parts, problems = _override_field(path.strip())
         if problems:
@@ -424,6 +747,8 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
                 node[part] = {}
             node = node[part]
         node[parts[-1]] = value
+    if gone:
+        raise RemovedKeyError(gone)
     if errors:
         raise RecipeError(errors)
     return data
@@ -446,13 +771,16 @@ def load_recipe(path_or_dict: str | os.PathLike | dict, overrides: Sequence[str]
                 raise RecipeError([f"not valid YAML: {e}"], source) from e
         if data is None:
             raise RecipeError(["the file is empty"], source)
+    gone = _removed_keys_in(data)
+    if gone:
+        raise RemovedKeyError(gone, source)
     if overrides:
         if not isinstance(data, dict):
             raise RecipeError([f"expected a mapping of keys, got {_given(data)}"], source)
         try:
             data = apply_overrides(data, overrides)
         except RecipeError as e:
-            raise RecipeError(e.errors, source) from None
+            raise type(e)(e.errors, source) from None
     errors: list[str] = []
     recipe = _build(Recipe, data, "", errors)
     if recipe is not None and not errors:

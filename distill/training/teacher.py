@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.common.io import atomic_write, write_json
 from distill.common.models import load_target, load_target_tokenizer
 from distill.common.provenance import versions
 from distill.common.vocab import tokenizer_fingerprint
@@ -106,22 +107,6 @@ def dataset_fingerprint(dataset: Sequence[dict] | Any) -> str:
     return digest.hexdigest()[:32]
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _atomic_save_shard(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _pad_batch(rows: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad a list of tokenized rows into input_ids, attention_mask, labels."""
     length = max(len(r["input_ids"]) for r in rows)
@@ -201,13 +186,13 @@ def write_cache(
                 f"{cache_dir} already holds a different teacher cache ({'; '.join(problems)}). Delete that directory or set teacher.cache_dir to a new one."
             )
     elif process_index == 0:
-        _atomic_write_text(path, json.dumps(manifest, indent=2))
+        write_json(path, manifest)
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
     vocab_size = identity["vocab_size"]
     mine = [s for s in range(num_shards) if s % num_processes == process_index]
     todo = [s for s in mine if not (cache_dir / SHARD_PATTERN.format(s)).exists()]
-    for s in todo:  # what a killed writer of this shard left: _atomic_save_shard's temp file
+    for s in todo:  # what a killed writer of this shard left: atomic_write's temp file
         for stale in cache_dir.glob(f".{SHARD_PATTERN.format(s)}.*.tmp"):
             stale.unlink()
     bar = tqdm(total=sum(min(n, (s + 1) * shard_size) - s * shard_size for s in todo), desc="caching teacher", unit="ex", disable=process_index != 0)
@@ -236,7 +221,7 @@ def write_cache(
         }
         # One metadata key: safetensors writes its metadata map in a per-process random order, and a
         # rerun must give the same bytes as an uninterrupted run (the manifest holds top_k and the rest).
-        _atomic_save_shard(tensors, cache_dir / SHARD_PATTERN.format(s), {"shard": str(s)})
+        atomic_write(cache_dir / SHARD_PATTERN.format(s), partial(save_file, {k: v.contiguous() for k, v in tensors.items()}, metadata={"shard": str(s)}))
     bar.close()
     if reused:
         print(f"teacher cache {cache_dir}: {reused} examples took the top-k the target kept while generating (no second forward pass)", file=sys.stderr)
@@ -290,7 +275,7 @@ def finish_cache(cache_dir: str | os.PathLike) -> dict[str, Any]:
         raise RuntimeError(f"{cache_dir} is missing shards {missing}: rerun `distill cache-teacher` to fill them")
     manifest["shards"] = [_file_record(cache_dir / SHARD_PATTERN.format(s)) for s in range(manifest["num_shards"])]
     manifest["complete"] = True
-    _atomic_write_text(cache_dir / MANIFEST, json.dumps(manifest, indent=2))
+    write_json(cache_dir / MANIFEST, manifest)
     return manifest
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from distill.common.io import atomic_write
 
 
 def prompt_key(prompt_ids: Sequence[int]) -> str:
@@ -70,20 +72,8 @@ def write_batch(
     }
     name = hashlib.sha256("|".join(keys).encode()).hexdigest()[:16]
     path = directory / f"batch-{name}.safetensors"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()},
-            tmp,
-            metadata={"keys": json.dumps(list(keys)), "top_k": str(tensors["topk_ids"].shape[-1]), "vocab_size": str(vocab_size)},
-        )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    metadata = {"keys": json.dumps(list(keys)), "top_k": str(tensors["topk_ids"].shape[-1]), "vocab_size": str(vocab_size)}
+    return atomic_write(path, partial(save_file, {k: v.contiguous() for k, v in tensors.items()}, metadata=metadata))
 
 
 class TopKStore:

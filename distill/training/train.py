@@ -19,7 +19,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -674,11 +673,18 @@ def train(recipe: Any, resume: bool = False, recipe_path: str | None = None, cal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`distill train RECIPE [--resume] [--set KEY=VALUE ...]` (or `accelerate launch scripts/train.py RECIPE`)."""
+    """`distill train RECIPE [--resume] [--set KEY=VALUE ...]` (or `accelerate launch scripts/train.py RECIPE`);
+    `--help-recipe` lists every recipe key instead."""
     from distill.arguments import parser
-    from distill.training.recipe import load_recipe
+    from distill.training.recipe import load_recipe, recipe_help
 
-    args = parser("train").parse_args(argv)
+    cli = parser("train")
+    args = cli.parse_args(argv)
+    if args.help_recipe:
+        print(recipe_help())
+        return 0
+    if args.recipe is None:
+        cli.error("the following arguments are required: recipe")
     try:
         metrics = train(load_recipe(args.recipe, args.overrides), resume=args.resume, recipe_path=args.recipe)
     except (ValueError, FileNotFoundError, FileExistsError) as err:

@@ -88,8 +88,12 @@ def check_num_samples(num_samples: int | None) -> None:
 
 
 def sample_indices(total: int, num_samples: int | None, seed: int) -> list[int]:
-    """`num_samples` row indices drawn with `seed`, in dataset order; all rows when it covers them."""
+    """The first `num_samples` rows of one seeded shuffle of the data, in the order drawn, so the
+    samples of one seed are nested: 8 prompts are the first 8 of 30 (the runs of one study share
+    prompts). All rows, in dataset order, when `num_samples` covers them."""
     check_num_samples(num_samples)
     if num_samples is None or num_samples >= total:
         return list(range(total))
-    return sorted(random.Random(seed).sample(range(total), num_samples))
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    return order[:num_samples]

@@ -4,13 +4,17 @@ changes no output, a model card with the measured numbers, atomic writes, and no
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
+import shutil
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
 
 import huggingface_hub
+import jinja2
 import pytest
 import torch
 import yaml
@@ -18,6 +22,7 @@ from huggingface_hub import HfApi, ModelCard
 from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+import distill.commands.publish as publish_module
 from distill.commands.publish import main, pad_vocab, publish
 from distill.common.tiny import build_tokenizer, corpus_texts
 from distill.speculative import SpeculativeDecoder
@@ -238,16 +243,64 @@ def test_model_card_holds_the_measured_numbers_and_hub_metadata(env, tmp_path):
     assert header["license"] == "mit" and header["datasets"] == ["openai/gsm8k"]
     assert "speculative-decoding" in header["tags"]
     assert ModelCard.load(out / "README.md").data.license == "mit"
-    # One row per draft × task, with the report's numbers.
-    assert "| distilled | gsm8k | 72.3% | 3.41 | 2.15× | 0.612 (exact_match) | 0.615 | 100.0% |" in text
-    assert "| distilled | cnndm | 60.2% | 2.80 | 1.91× | 0.287 (rougeL) | 0.290 | 98.5% |" in text
-    assert "| base | gsm8k | 55.1% | 2.21 | 1.48× |" in text
+    # One row per draft × task, with the report's numbers; a schema-1 report has one (end-to-end) speedup and no runs.
+    assert "| distilled | gsm8k | 0.723 | 3.41 | – | 2.15× | 0.612 (exact_match) | 0.615 | 100.0% |" in text
+    assert "| distilled | cnndm | 0.602 | 2.80 | – | 1.91× | 0.287 (rougeL) | 0.290 | 98.5% |" in text
+    assert "| base | gsm8k | 0.551 | 2.21 | – | 1.48× |" in text
+    assert "schema-1 report, whose timing runs were not recorded" in text
     assert str(env.target_dir) in text
     assert (env.run / "recipe.yaml").read_text().rstrip() in text
     assert "assistant_model=draft" in text and "STANDALONE" in text
     assert f'"method": "draft_model", "model": "{out}", "num_speculative_tokens": 4' in text
     assert json.loads((out / "eval_report.json").read_text()) == SAMPLE_REPORT
     assert publish(tmp_path / "apache", run_dir=env.run).joinpath("README.md").read_text().count("license: apache-2.0") == 1
+
+
+def test_the_card_template_is_package_data():
+    """importlib.resources finds it and pyproject's package-data globs match it, so a non-editable `pip install .` ships it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    packaged = resources.files("distill.commands") / "templates" / "model_card.md"
+    assert packaged.is_file() and Path(str(publish_module.MODEL_CARD_TEMPLATE)) == Path(str(packaged))
+    globs = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["distill.commands"]
+    assert any(fnmatch.fnmatch("templates/model_card.md", g) for g in globs)
+
+
+def test_model_card_is_rendered_from_the_template_file(env, tmp_path, monkeypatch):
+    text = publish_module.MODEL_CARD_TEMPLATE.read_text(encoding="utf-8")
+    assert "{{ name }}" in text and "## Acceptance" in text and "{{ acceptance.table }}" in text
+
+    # The card publish writes is that file filled in: an edit to its prose and placeholders shows up.
+    prose = "A draft model for speculative decoding under **{{ target }}**"
+    assert prose in text
+    edited = tmp_path / "model_card.md"
+    edited.write_text(text.replace(prose, "EDITED: a draft for **{{ target }}** at {{ repo }}"), encoding="utf-8")
+    monkeypatch.setattr(publish_module, "MODEL_CARD_TEMPLATE", edited)
+    out = publish(tmp_path / "edited", run_dir=env.run, eval_report=env.report)
+    card = (out / "README.md").read_text()
+    assert f"EDITED: a draft for **{env.target_dir}** at {out}" in card and "A draft model for speculative decoding" not in card
+    assert "| distilled | gsm8k | 0.723 | 3.41 | – | 2.15× |" in card and card.endswith("```\n") and "{{" not in card and "{%" not in card
+
+    # A placeholder the code does not fill fails the publish (no silent blank), and nothing is left behind.
+    edited.write_text(text.replace("{{ name }}", "{{ no_such_value }}"), encoding="utf-8")
+    with pytest.raises(jinja2.UndefinedError, match="no_such_value"):
+        publish(tmp_path / "site" / "undefined", run_dir=env.run)
+    assert list((tmp_path / "site").iterdir()) == []
+
+
+def test_a_recipe_with_a_retired_eval_section_still_publishes(env, tmp_path):
+    """recipe.yaml is read as plain YAML, so an older run's `eval:` section (no longer a recipe key) is kept
+    verbatim but not used: the card's draft length comes only from the eval report."""
+    run = tmp_path / "old-run"
+    shutil.copytree(env.run, run)
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    recipe["eval"] = {"num_draft_tokens": 7, "tasks": ["gsm8k"]}
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    out = publish(tmp_path / "out", run_dir=run)
+    card = (out / "README.md").read_text()
+    assert (out / "recipe.yaml").read_text() == (run / "recipe.yaml").read_text() and "num_draft_tokens: 7" in card
+    assert '"num_speculative_tokens": 5' in card and "--speculative-num-steps 5 " in card  # the default, not the recipe's 7
+    card = publish(tmp_path / "with-report", run_dir=run, eval_report=env.report).joinpath("README.md").read_text()
+    assert '"num_speculative_tokens": 4' in card and "--speculative-num-steps 4 " in card  # the report's settings
 
 
 def test_refuses_a_non_empty_out_without_force(env, tmp_path, capsys):
@@ -273,6 +326,31 @@ def test_refuses_a_draft_whose_tokenizer_differs(env, examples, tokenizer, draft
         publish(tmp_path / "out", draft=tmp_path / "odd", target=str(env.target_dir))
     assert repr(missing[0]) in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_schema_2_report_gives_both_speedups_with_intervals_and_names_the_run(env, tmp_path):
+    """The card quotes what `distill accept` now writes: decode and end-to-end speedups, each figure with
+    its 95% interval, and the run that timed them; a report of a newer schema is refused by name."""
+    report = json.loads(json.dumps(SAMPLE_REPORT))
+    report["schema_version"] = 2
+    report["runs"] = {"r1": {"run_id": "r1", "started": "2026-12-04T23:00:00+00:00", "device_name": "AMD EPYC", "torch_threads": 2}}
+    for entry in report["drafts"].values():
+        for row in entry["tasks"].values():
+            speed = row.pop("speedup")
+            row.update(end_to_end_speedup=speed, decode_speedup=speed * 1.1)
+            row["intervals"] = {
+                "acceptance_rate": {"value": row["acceptance_rate"], "low": row["acceptance_rate"] - 0.02, "high": row["acceptance_rate"] + 0.01},
+                "decode_speedup": {"value": speed * 1.1, "low": speed, "high": speed * 1.2},
+            }
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(report))
+    text = (publish(tmp_path / "card", run_dir=env.run, eval_report=path) / "README.md").read_text()
+    assert "| distilled | gsm8k | 0.723 [0.703, 0.733] | 3.41 | 2.36× [2.15, 2.58] | 2.15× | 0.612 (exact_match) |" in text
+    assert "Speeds timed in run(s) `r1` started 2026-12-04T23:00:00+00:00 on AMD EPYC, 2 threads" in text
+    report["schema_version"] = 3
+    path.write_text(json.dumps(report))
+    with pytest.raises(ValueError, match="schema 3; this distill reads schemas \\[1, 2\\]"):
+        publish(tmp_path / "newer", run_dir=env.run, eval_report=path)
 
 
 def test_a_failure_midway_leaves_nothing_behind(env, tmp_path):

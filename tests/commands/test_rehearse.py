@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from distill.commands.rehearse import GSM8K_DIR, MODEL_CONFIGS, REAL_VOCAB, TOKENIZER_DIR, RehearsalError, check_ids, rehearse, standin_config
+from distill.commands.rehearse import GSM8K_DIR, MODEL_CONFIGS, TOKENIZER_DIR, rehearse, standin_config
+from distill.commands.rehearse_checks import REAL_VOCAB, RehearsalError, check_ids
 from distill.training.recipe import RecipeError, load_recipe
 
 LORA = MODEL_CONFIGS.parent / "qwen2.5-0.5b-from-7b-lora.yaml"

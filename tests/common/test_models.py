@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.commands.convert_gguf import convert_gguf
+from distill.commands.convert_gguf import main as convert_main
 from distill.common import models
 from distill.common.models import ModelLoadError, load_config, load_model, load_tokenizer, resolve
 from distill.common.tiny import tiny_qwen2
@@ -75,7 +76,7 @@ def test_a_gguf_loads_as_a_plain_model_with_its_tokenizer(gguf_file, tiny, token
 
 def test_convert_gguf_writes_a_folder_transformers_loads_with_the_same_logits(gguf_file, tmp_path):
     out = tmp_path / "converted"
-    assert models.main([str(gguf_file), str(out)]) == 0
+    assert convert_main([str(gguf_file), str(out)]) == 0
     plain = AutoModelForCausalLM.from_pretrained(out).eval()  # no distill needed to read it
     torch.testing.assert_close(_logits(plain), _logits(load_model(gguf_file, dtype="float32")), rtol=0, atol=0)
     tok = AutoTokenizer.from_pretrained(out)
@@ -108,10 +109,10 @@ def test_convert_gguf_refuses_bad_input_in_one_line_and_writes_nothing(case, ggu
     if case == "bad dtype":
         extra = ["--dtype", "int4"]
         with pytest.raises(SystemExit) as exit_:
-            models.main([str(src), str(out), *extra])
+            convert_main([str(src), str(out), *extra])
         assert exit_.value.code == 2
         return
-    assert models.main([str(src), str(out)]) == 2
+    assert convert_main([str(src), str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("distill convert-gguf: error: ") and "\n" not in err and "Traceback" not in err
     assert {"truncated": "truncated or corrupt", "not gguf": "not a GGUF file", "architecture": "cannot be dequantised", "out exists": "already exists"}[

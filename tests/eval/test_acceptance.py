@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
-from distill.eval.acceptance import DraftSource, Journal, Settings, main, parse_drafts, trim
+from distill.common.vocab import cut_at_eos
+from distill.eval.acceptance import DraftSource, Settings, main, parse_drafts
+from distill.eval.journal import LEGACY, Journal, Run
+from distill.eval.measurement import TARGET, Call, calls_to_run
 from distill.eval.tasks import get_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +27,10 @@ SCHEMA_FIELDS = {
     "acceptance_rate",
     "mean_accepted_length",
     "tokens_per_target_forward",
-    "speedup",
+    "end_to_end_speedup",
+    "decode_speedup",
+    "intervals",
+    "decomposition",
     "ttft_s",
     "tpot_s",
     "tokens_per_s",
@@ -51,23 +57,11 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, tokenizer):
-    """A saved tiny target (+32 padded rows), a smaller saved draft (+8), each with the tokenizer, and task files."""
+def setup(tmp_path_factory, tokenizer, tiny_pair):
+    """The shared tiny pair saved, each with the tokenizer (its target whose padded rows never win, as in
+    Qwen2.5, so a self-draft over the real vocabulary can match every token), and task files."""
     root = tmp_path_factory.mktemp("accept")
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=21, tie_word_embeddings=False, initializer_range=0.1)
-    draft = tiny_qwen2(
-        len(tokenizer) + 8,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        tokenizer=tokenizer,
-        seed=22,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
-    with torch.no_grad():  # padded rows never win, as in Qwen2.5: a self-draft (real vocabulary only) can then match every token
-        target.lm_head.weight[len(tokenizer) :] = target.lm_head.weight[: len(tokenizer)].mean(0)
+    target, draft = tiny_pair.real_vocab_target, tiny_pair.draft
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
@@ -222,13 +216,20 @@ def test_speedup_sweep_and_predictions(greedy_run):
     for entry in report["drafts"].values():
         assert [p["k"] for p in entry["sweep"]] == [1, 3]
         for p in entry["sweep"]:
-            assert p["measured_speedup"] > 0 and p["predicted_speedup"] > 0
+            assert p["end_to_end_speedup"] > 0 and p["decode_speedup"] > 0 and p["predicted_speedup"] > 0
             assert p["target_wall_s"] > 0 and p["wall_s"] > 0
+            assert p["decomposition"]["predicted_decode_speedup"] > 0 and p["num_prompts"] == 6
         assert [p["k"] for p in entry["predicted_curve"]] == [1, 2, 3]
-        assert 1 <= entry["best_k"] <= 3 and entry["costs"]["c"] > 0
+        assert 1 <= entry["best_k"] <= 3 and entry["costs"]["c"] > 0 and entry["costs"]["real_tokens"]
         for row in entry["tasks"].values():
-            assert row["speedup"] == pytest.approx(row["target_wall_s"] / row["wall_s"])
+            assert row["end_to_end_speedup"] == pytest.approx(row["target_wall_s"] / row["wall_s"])
+            assert row["decode_speedup"] > 0 and row["timed_pairs"] == 2
             assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["tokens_per_s"] > 0
+            iv = row["intervals"]["end_to_end_speedup"]
+            assert iv["value"] == pytest.approx(row["end_to_end_speedup"]) and iv["low"] <= iv["value"] <= iv["high"] and iv["prompts"] == 2
+            parts = row["decomposition"]
+            assert parts["rounds"] > 0 and parts["draft_s_per_round"] > 0 and parts["verify_s_per_round"] > 0 and parts["bookkeeping_s_per_round"] > 0
+            assert 0.5 < parts["parts_over_decode_time"] <= 1.0  # the three clocks hold the decode time, less what no round holds
     assert all(p["alpha"] == 1.0 for p in report["drafts"]["self"]["sweep"])
 
 
@@ -249,46 +250,80 @@ def test_markdown_and_plots_are_written(greedy_run):
 def test_second_run_resumes_from_the_journal(setup, greedy_run):
     root, files = setup
     _, out, first = greedy_run
-    journal = (out / "records.jsonl").read_text().splitlines()
+    calls = [line for line in (out / "records.jsonl").read_text().splitlines() if '"key"' in line]
     assert main(_args(root, files, out, "--ks", "1")) == 0
-    assert (out / "records.jsonl").read_text().splitlines() == journal
+    assert [line for line in (out / "records.jsonl").read_text().splitlines() if '"key"' in line] == calls  # no call made again
     again = json.loads((out / "report.json").read_text())
     for name in first["drafts"]:
         for task, row in first["drafts"][name]["tasks"].items():
-            assert again["drafts"][name]["tasks"][task]["speedup"] == row["speedup"]
+            assert again["drafts"][name]["tasks"][task]["end_to_end_speedup"] == row["end_to_end_speedup"]
+            assert again["drafts"][name]["tasks"][task]["runs"] == row["runs"]
 
 
-def test_a_draft_added_to_a_finished_run_costs_only_its_own_calls(setup, greedy_run):
-    """Comparing one more draft reuses the journalled target-only and draft calls; the new draft's
-    calls are added, and the report shows all three, the first two's figures unchanged."""
+def test_a_draft_added_to_a_finished_run_gets_a_baseline_timed_in_its_own_run(setup, greedy_run, monkeypatch):
+    """One more draft in a second run: the journalled calls are reused, the target-only calls of its
+    prompts are timed again in the new run and its speedup divides by those. The second run's clock
+    is made 10x slower for the target (a fake clock): the new draft's speedup must see it, the first
+    run's drafts keep theirs."""
     import shutil
+
+    import distill.eval.acceptance as acceptance
 
     root, files = setup
     _, out, first = greedy_run
     added = root / "added"
     shutil.copytree(out, added)
     before = (added / "records.jsonl").read_text().splitlines()
+    real = acceptance.target_generate
+
+    def slow_clock(*args, **kwargs):
+        result = real(*args, **kwargs)
+        return {**result, "wall_s": result["wall_s"] * 10, "ttft_s": result["ttft_s"] * 10}
+
+    monkeypatch.setattr(acceptance, "target_generate", slow_clock)
     args = _args(root, files, added, "--ks", "1", "--draft-alone")
     args[args.index("--draft") : args.index("--draft") + 2] = ["--draft", f"small={root / 'draft'}", "--draft", f"copy={root / 'draft'}"]
     assert main(args) == 0
     after = (added / "records.jsonl").read_text().splitlines()
-    assert after[: len(before)] == before
-    new = [json.loads(line) for line in after[len(before) :]]
-    assert new and {r["system"] for r in new} == {"copy", "alone:copy"}
+    assert after[: len(before)] == before  # nothing journalled is lost
+    new = [json.loads(line) for line in after[len(before) :] if '"key"' in line]
+    assert {r["system"] for r in new} == {TARGET, "copy", "alone:copy"}
     report = json.loads((added / "report.json").read_text())
-    assert set(report["drafts"]) == {"small", "copy", "self"}
+    assert set(report["drafts"]) == {"small", "copy", "self"} and len(report["runs"]) == 2
+    second = {r["run_id"] for r in new}
+    assert len(second) == 1
     for task, row in first["drafts"]["small"]["tasks"].items():
-        assert report["drafts"]["small"]["tasks"][task]["speedup"] == row["speedup"]
-        assert report["drafts"]["copy"]["tasks"][task]["acceptance_rate"] == row["acceptance_rate"]  # the same weights
+        small, copy = report["drafts"]["small"]["tasks"][task], report["drafts"]["copy"]["tasks"][task]
+        assert small["end_to_end_speedup"] == row["end_to_end_speedup"] and small["runs"] == row["runs"]  # paired in the first run
+        assert copy["runs"] == sorted(second) and copy["acceptance_rate"] == row["acceptance_rate"]  # the same weights, timed anew
+        assert copy["end_to_end_speedup"] > 5 * small["end_to_end_speedup"]  # divided by the second run's (slow) target-only calls
 
 
 def test_a_journal_of_other_settings_is_moved_aside_not_lost(tmp_path):
-
     old = Journal(tmp_path / "records.jsonl", "aaaa")
+    old.begin(Run.begin("cpu"))
     old.add("gsm8k|0|target|None", {"new": [[1, 2]]})
     fresh = Journal(tmp_path / "records.jsonl", "bbbb")
-    assert fresh.get("gsm8k|0|target|None") is None
-    assert Journal(tmp_path / "records.aaaa.jsonl", "aaaa").get("gsm8k|0|target|None") == {"key": "gsm8k|0|target|None", "new": [[1, 2]]}
+    assert fresh.latest("gsm8k|0|target|None") is None
+    kept = Journal(tmp_path / "records.aaaa.jsonl", "aaaa")
+    assert kept.latest("gsm8k|0|target|None") == {"key": "gsm8k|0|target|None", "run_id": old.run.run_id, "new": [[1, 2]]}
+
+
+def test_an_old_journal_is_read_whole_and_its_timings_marked_as_another_runs(tmp_path):
+    """A journal written before runs were recorded: its calls are reused for outputs and acceptance, but
+    no speculative call pairs with a timing of it, so the next run times each batch afresh."""
+    path = tmp_path / "records.jsonl"
+    calls = [Call("gsm8k|0|target|None", "gsm8k", 0, (0,), TARGET, None), Call("gsm8k|0|kd|3|s", "gsm8k", 0, (0,), "kd", 3)]
+    lines = [{"fingerprint": "f"}] + [{"key": c.key, "system": c.system, "new": [[1]], "wall_s": 1.0, "ttft_s": 0.1} for c in calls]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    journal = Journal(path, "f")
+    assert journal.latest(calls[1].key)["run_id"] == LEGACY and journal.in_run(calls[0].key, LEGACY) is None
+    assert calls_to_run([calls], journal) == calls  # re-timed: target-only first, then the draft
+    journal.begin(Run.begin("cpu"))
+    for c in calls:
+        journal.add(c.key, {"system": c.system, "new": [[1]], "wall_s": 2.0, "ttft_s": 0.2})
+    assert calls_to_run([calls], Journal(path, "f")) == []
+    assert path.read_text().splitlines()[: len(lines)] == [json.dumps(line) for line in lines]  # nothing lost
 
 
 def test_retrained_draft_or_edited_data_is_measured_afresh(tmp_path):
@@ -362,9 +397,9 @@ def test_bad_input_is_refused_with_a_clear_error(setup, tmp_path, capsys, change
     assert message in capsys.readouterr().err
 
 
-def test_trim_and_draft_names():
-    assert trim([5, 6, 2, 0, 0], {2}) == [5, 6, 2]
-    assert trim([5, 6, 7], {2, 3}) == [5, 6, 7]
+def test_eos_cut_and_draft_names():
+    assert cut_at_eos([5, 6, 2, 0, 0], {2}) == [5, 6, 2]  # the one EOS cut the report's outputs go through
+    assert cut_at_eos([5, 6, 7], {2, 3}) == [5, 6, 7]
     drafts = parse_drafts(["Qwen/Qwen2.5-0.5B-Instruct,kd=runs/kd", "self=Qwen/Qwen2.5-7B-Instruct"])
     assert [(d.name, d.path) for d in drafts] == [
         ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
@@ -386,3 +421,17 @@ def test_runs_as_a_script(monkeypatch, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--draft" in out and "--ks" in out and "--data-file" in out
+
+
+def test_drafts_are_compared_by_their_paired_difference(greedy_run):
+    """self − small on the same prompts: the self-draft accepts every token and the small one none, so the
+    paired difference is +1 with an interval that excludes 0; the report.md table marks it."""
+    _, out, report = greedy_run
+    rows = {c["task"]: c for c in report["comparisons"]}
+    assert set(rows) == {"gsm8k", "mmlu", "cnndm"}
+    for task, c in rows.items():
+        small, own = (report["drafts"][n]["tasks"][task]["acceptance_rate"] for n in ("small", "self"))
+        assert c["reference"] == "small" and c["draft"] == "self"
+        assert c["acceptance_rate"]["value"] == pytest.approx(own - small) and c["acceptance_rate"]["outside_noise"]
+        assert c["decode_speedup"]["prompts"] == 2
+    assert "| gsm8k | self − small |" in (out / "report.md").read_text()

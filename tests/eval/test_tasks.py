@@ -147,6 +147,7 @@ def test_seeded_sampling_is_reproducible_and_takes_everything_when_n_covers_the_
     assert ids(num_samples=10, seed=3) == ids(num_samples=10, seed=3)
     assert ids(num_samples=10, seed=3) != ids(num_samples=10, seed=4)
     assert len(set(ids(num_samples=10, seed=3))) == 10
+    assert ids(num_samples=4, seed=3) == ids(num_samples=10, seed=3)[:4]  # nested: a smaller sample is a prefix of a larger one
     everything = [f"gsm8k-file-{i}" for i in range(50)]
     assert ids(num_samples=50, seed=3) == ids(num_samples=500, seed=9) == ids(num_samples=None) == everything
     cnn = write_jsonl(tmp_path / "cnndm.jsonl", cnndm_rows(20))

@@ -1,58 +1,59 @@
-"""scripts/bench_batch.py on a tiny saved pair: it runs every batch size and mode, reports greedy
-identity per row, and writes its section (the benchmark itself runs on the demo pair)."""
+"""scripts/bench_batch.py, run as a script on a tiny saved pair: it runs every batch size and mode,
+reports greedy identity per row and writes its section, and refuses a prompt file without prompts
+(the benchmark itself runs on the demo pair). Its batches are left-padded by distill.speculative.batch."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from distill.common.tiny import noisy_copy, tiny_qwen2
+from distill.speculative.batch import left_pad
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_batch.py"
+
+
+def bench_batch(*args: str | Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def bench(script):
-    return script("bench_batch")
-
-
-def test_bench_batch_runs_every_batch_size_and_mode(bench, tokenizer, examples, tmp_path):
+def pair(tokenizer, examples, tmp_path_factory):
+    """A saved tiny target, a noisy copy of it as the draft, and a file of four prompts."""
+    root = tmp_path_factory.mktemp("pair")
     target = tiny_qwen2(len(tokenizer), hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=3, tie_word_embeddings=False, initializer_range=0.1)
     for name, model in (("target", target), ("draft", noisy_copy(target, 0.05, 4))):
-        model.save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": ex["prompt"]}) + "\n" for ex in examples[:4]))
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": ex["prompt"]}) + "\n" for ex in examples[:4]))
+    return root
+
+
+def test_bench_batch_runs_every_batch_size_and_mode(pair, tmp_path):
     md = tmp_path / "b.md"
-    code = bench.main(
-        [
-            "--target",
-            str(tmp_path / "target"),
-            "--draft",
-            str(tmp_path / "draft"),
-            "--prompts",
-            str(prompts),
-            "--batch-sizes",
-            "1",
-            "4",
-            "--num-prompts",
-            "4",
-            "--max-new-tokens",
-            "12",
-            "--repeats",
-            "1",
-            "--output",
-            str(md),
-        ]
-    )
-    assert code == 0  # greedy identity held for every row
+    args = ["--target", pair / "target", "--draft", pair / "draft", "--prompts", pair / "prompts.jsonl", "--batch-sizes", "1", "4", "--num-prompts", "4"]
+    done = bench_batch(*args, "--max-new-tokens", "12", "--repeats", "1", "--output", md)
+    assert done.returncode == 0, done.stderr[-3000:]  # greedy identity held for every row
     text = md.read_text()
-    assert "<!-- bench_batch-custom -->" in text
+    assert "<!-- bench_batch-custom -->" in text and "python scripts/bench_batch.py --target " in text
     rows = [line for line in text.splitlines() if line.startswith("| greedy") or line.startswith("| sampled")]
     assert len(rows) == 4 and all(r.split("|")[10].strip() == "4/4" for r in rows if "greedy" in r)
 
 
-def test_bench_batch_refuses_a_prompt_file_without_prompts(bench, tokenizer, tmp_path):
+def test_bench_batch_refuses_a_prompt_file_without_prompts(pair, tmp_path):
     bad = tmp_path / "rows.jsonl"
     bad.write_text('{"question": "no prompt field"}\n')
-    with pytest.raises(SystemExit, match='"prompt" field'):
-        bench.load_prompts(bad, tokenizer, 1)
+    done = bench_batch("--target", pair / "target", "--draft", pair / "draft", "--prompts", bad, "--num-prompts", "1", "--output", "")
+    assert done.returncode == 1 and '"prompt" field' in done.stderr
+
+
+def test_left_pad_puts_every_prompt_against_the_right_edge():
+    ids, mask = left_pad([[5, 6, 7], [8], [9, 10]], pad=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 9, 10]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]

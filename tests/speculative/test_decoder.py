@@ -18,21 +18,10 @@ from distill.speculative.sampling import sample
 
 
 @pytest.fixture(scope="module")
-def pair(tokenizer):
-    """An untied target (padded +32 rows) with diverse greedy output, and drafts of three kinds."""
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11, tie_word_embeddings=False, initializer_range=0.1)
-    small = tiny_qwen2(
-        len(tokenizer) + 8,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        tokenizer=tokenizer,
-        seed=12,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
-    return target, {"small": small, "noisy": noisy_copy(target, 0.05, 13), "self": target}
+def pair(tiny_pair):
+    """The shared untied pair's target, and drafts of three kinds: partly right, always right, and a
+    smaller one padded +8 rows that the target's padding-row ids overflow."""
+    return tiny_pair.target, {"small": tiny_pair.draft, "noisy": tiny_pair.noisy_draft, "self": tiny_pair.target}
 
 
 def _batch(tokenizer, examples, n):

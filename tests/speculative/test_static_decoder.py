@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import distill.speculative.decoder as decoder_module
-from distill.common.tiny import noisy_copy, tiny_qwen2
+from distill.common.tiny import tiny_qwen2
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import measure_costs_static
 from distill.speculative.loop import SpecLoop, target_only_generate
@@ -25,22 +25,10 @@ DECISIONS = ("proposed", "accepted", "rounds", "new_tokens", "target_forwards", 
 
 
 @pytest.fixture(scope="module")
-def pair(tokenizer):
-    """An untied target padded +32 rows; drafts that are partly right, always right, and a smaller
-    one padded +8 rows that the target's padding-row ids overflow."""
-    target = tiny_qwen2(len(tokenizer) + 32, hidden_size=64, num_layers=2, tokenizer=tokenizer, seed=11, tie_word_embeddings=False, initializer_range=0.1)
-    small = tiny_qwen2(
-        len(tokenizer) + 8,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        tokenizer=tokenizer,
-        seed=12,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
-    return target, {"noisy": noisy_copy(target, 0.05, 13), "self": target, "small": small}
+def pair(tiny_pair):
+    """The shared untied pair's target, and drafts of three kinds: partly right, always right, and a
+    smaller one padded +8 rows that the target's padding-row ids overflow."""
+    return tiny_pair.target, {"noisy": tiny_pair.noisy_draft, "self": tiny_pair.target, "small": tiny_pair.draft}
 
 
 def _batch(tokenizer, examples, n):

@@ -329,8 +329,6 @@ def test_build_train_dataset_from_the_dataset_responses(tmp_path, tokenizer, exa
     assert response_text(tokenizer, ds[3]) == examples[3]["response"] + "<|im_end|>"
     batch = DataCollatorForDistill(tokenizer)([ds[i] for i in range(4)])
     assert batch["input_ids"].shape == batch["labels"].shape == (4, max(len(ds[i]["input_ids"]) for i in range(4)))
-    with pytest.raises(NotImplementedError, match="packing"):
-        build_train_dataset(DataSpec(dataset=path, packing=True), tokenizer)
 
 
 def test_build_train_dataset_needs_responses_or_the_target(tmp_path, tokenizer, saved_target, examples):

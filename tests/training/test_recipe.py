@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
-from distill.training.recipe import DEFAULT_LORA_MODULES, LoraSpec, Recipe, RecipeError, load_recipe, save_recipe
+from distill.training.recipe import (
+    DEFAULT_LORA_MODULES,
+    REMOVED_KEYS,
+    LoraSpec,
+    Recipe,
+    RecipeError,
+    RemovedKeyError,
+    load_recipe,
+    recipe_help,
+    recipe_keys,
+    save_recipe,
+)
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
 ACCELERATE = RECIPES / "accelerate"
+GPU_PLAN = REPO / "docs" / "gpu-plan.md"
 
 MINIMAL = {
     "output_dir": "runs/x",
@@ -43,11 +61,10 @@ def test_minimal_recipe_fills_the_documented_defaults():
     assert isinstance(r, Recipe)
     assert r.seed == 0 and r.target.dtype == "auto" and r.draft.lora is None and r.draft.merge_on_save is True
     assert r.data.split == "train" and r.data.max_prompt_length == 512 and r.data.max_length == 1024
-    assert r.data.response_source == "dataset" and r.data.packing is False and r.data.adapter is None
+    assert r.data.response_source == "dataset" and r.data.adapter is None
     assert r.teacher.mode == "online" and r.teacher.top_k == 32
     assert r.loss.divergence == "forward_kl" and r.loss.beta == 0.5 and r.loss.lmbda == 0.0
     assert r.training.learning_rate == 5e-5 and r.training.report_to == ["none"] and r.training.save_total_limit == 2
-    assert r.eval.num_draft_tokens == 5
 
 
 def test_unknown_key_names_its_place_and_the_closest_valid_key():
@@ -106,7 +123,6 @@ def test_cross_field_rules():
     assert "teacher.cache_dir: required" in errors_of(with_("teacher.mode", "cache"))
     assert "data.generation_cache: required" in errors_of(with_("data.response_source", "target"))
     assert "data.max_prompt_length: must be < data.max_length" in errors_of(with_("data.max_prompt_length", 2048))
-    assert "data.packing" in errors_of(with_("data.packing", True))
     both = with_("draft.config", {"hidden_size": 32})
     assert "exactly one of draft.name_or_path" in errors_of(both)
     cached = with_("teacher", {"mode": "cache", "cache_dir": "c", "top_k": 16})
@@ -147,18 +163,142 @@ def test_save_and_load_round_trip_atomically(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["recipe.yaml"]  # no temp file left behind
 
 
+def _cost_section(name: str) -> str:
+    """The recipe's section of docs/gpu-plan.md, "Cost arithmetic of each recipe"."""
+    text = GPU_PLAN.read_text()
+    start = text.index("## Cost arithmetic of each recipe")
+    head = f"### recipes/{name}\n"
+    assert head in text[start:], f"docs/gpu-plan.md has no section {head.strip()!r}"
+    section = text[text.index(head, start) + len(head) :]
+    return section.split("\n#", 1)[0]
+
+
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_recipe_loads(path):
     r = load_recipe(path)
     assert r.training.max_steps > 0
+    costs = _cost_section(path.name)
     if path.name.startswith("qwen2.5-coder"):  # the real CPU pair: distilled on GSM8K train, never test
         assert r.target.name_or_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and r.draft.name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
-        assert r.data.split == "train" and r.data.prompt_template == "gsm8k" and "tokens/s" in path.read_text()
+        assert r.data.split == "train" and r.data.prompt_template == "gsm8k" and "tokens/s" in costs
     elif path.name.startswith("qwen2.5"):
         assert r.target.name_or_path == "Qwen/Qwen2.5-7B-Instruct" and r.target.dtype == "bfloat16"
         assert r.draft.name_or_path.startswith("Qwen/Qwen2.5-") and r.training.bf16
-        text = path.read_text()
-        assert "GB" in text and "tokens/s" in text and "FLOP" in text  # the cost arithmetic is stated
+        assert "GB" in costs and "tokens/s" in costs and "FLOP" in costs  # the cost arithmetic is stated
+    else:
+        assert "FLOP" in costs
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_recipe_headers_say_what_and_how_and_point_to_the_cost_arithmetic(path):
+    """The header: what the recipe is for, the exact command, a pointer to docs/gpu-plan.md; no arithmetic."""
+    lines = path.read_text().splitlines()
+    header = lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    text = "\n".join(header)
+    assert len(header) <= 15, f"{path.name}: a {len(header)}-line header; the arithmetic belongs in docs/gpu-plan.md"
+    assert "docs/gpu-plan.md" in text and "Cost arithmetic of each recipe" in text
+    assert f"recipes/{path.name}" in text  # the command that runs it
+    assert " GB" not in text and "FLOP" not in text
+
+
+# --------------------------------------------------------------------------- --help-recipe
+
+
+def _declared(cls: type = Recipe, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every field of every section dataclass, walked from Recipe: dotted path -> field."""
+    found = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        found[prefix + f.name] = f
+        for sub in (a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if dataclasses.is_dataclass(a)):
+            found.update(_declared(sub, f"{prefix}{f.name}."))
+    return found
+
+
+def test_every_recipe_key_carries_its_help():
+    declared = _declared()
+    assert {"seed", "data.max_length", "draft.lora.r", "loss.token_selection.keep_fraction", "loss.lmbda"} <= set(declared)
+    missing = [path for path, f in declared.items() if not str(f.metadata.get("help", "")).strip()]
+    assert not missing, f"recipe keys without a help in their declaration: {missing}"
+
+
+def test_help_recipe_lists_every_key_with_its_type_default_and_help(capsys):
+    from distill.cli import main
+
+    assert main(["train", "--help-recipe"]) == 0
+    out = capsys.readouterr().out
+    keys = recipe_keys()
+    assert {k.path for k in keys} == set(_declared())  # every key, walked from the dataclasses
+    lines = out.splitlines()
+    for key in keys:
+        head = f"{key.path}: {key.type} " + (key.default if key.default == "(required)" else f"= {key.default}")
+        assert head in (line.strip() for line in lines), f"--help-recipe does not list {head!r}"
+        words = " ".join(out.split())
+        assert " ".join(key.help.split()) in words
+    assert "data.max_length: int = 1024" in out and "training.max_steps: int (required)" in out
+    assert "loss.divergence: 'forward_kl' | 'reverse_kl' | 'jsd' | 'tvd' = forward_kl" in out
+    assert "draft.lora.target_modules: list[str] = [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]" in out
+    assert "data.packing" in out and "\n  eval\n" in out  # listed under "Removed keys"
+    assert out == recipe_help() + "\n"
+
+
+def test_help_recipe_answers_without_torch_and_through_the_train_script():
+    code = "import sys\nfrom distill.cli import main\nassert main(['train', '--help-recipe']) == 0\nprint('torch loaded' if 'torch' in sys.modules else 'torch not loaded')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().endswith("torch not loaded") and "data.max_length: int = 1024" in run.stdout
+
+
+def test_train_main_prints_the_recipe_help_and_still_needs_a_recipe(capsys):
+    from distill.training.train import main
+
+    assert main(["--help-recipe"]) == 0
+    assert capsys.readouterr().out == recipe_help() + "\n"
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2 and "the following arguments are required: recipe" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- removed keys
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [("data.packing", False), ("data.packing", True), ("eval", {"num_prompts": 64, "max_new_tokens": 128, "num_draft_tokens": 5}), ("eval", {})],
+)
+def test_a_removed_key_is_one_line_naming_it(path, value):
+    err = pytest.raises(RemovedKeyError, load_recipe, with_(path, value)).value
+    assert isinstance(err, RecipeError) and len(err.errors) == 1
+    assert str(err) == f"recipe key '{path}' was removed: {REMOVED_KEYS[path]}; delete the key"
+    assert "\n" not in str(err)
+
+
+def test_a_removed_key_in_a_file_names_the_file_and_every_removed_key(tmp_path):
+    old = tmp_path / "old.yaml"
+    data = with_("data.packing", False)
+    data["eval"] = {"num_prompts": 32}
+    old.write_text(yaml.safe_dump(data))
+    lines = str(pytest.raises(RemovedKeyError, load_recipe, old).value).splitlines()
+    assert lines == [
+        f"{old}: recipe key 'data.packing' was removed: examples are always padded per batch; delete the key",
+        f"{old}: recipe key 'eval' was removed: {REMOVED_KEYS['eval']}; delete the key",
+    ]
+
+
+def test_a_removed_key_set_on_the_command_line_is_refused():
+    for item, key in (("data.packing=true", "data.packing"), ("eval.num_draft_tokens=3", "eval")):
+        err = pytest.raises(RemovedKeyError, load_recipe, MINIMAL, [item]).value
+        assert str(err) == f"--set {item.partition('=')[0]}: recipe key '{key}' was removed: {REMOVED_KEYS[key]}; drop this --set"
+
+
+def test_distill_train_refuses_a_removed_key_with_one_line_and_exit_2(tmp_path, capsys):
+    from distill.cli import main
+
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(yaml.safe_dump(with_("data.packing", False)))
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"distill train: error: {recipe}: recipe key 'data.packing' was removed: examples are always padded per batch; delete the key"]
 
 
 def test_shipped_recipe_set():
@@ -177,7 +317,7 @@ def test_tiny_recipe_reproduces_the_padded_vocab_mismatch():
     assert r.target.name_or_path == "runs/tiny/target" and r.draft.name_or_path is None
     assert r.data.dataset == "runs/tiny/train.jsonl" and not r.training.bf16
     cfg = r.draft.config
-    # the tiny target (see the recipe's comment) has 508 embedding rows over a 476-token tokenizer
+    # the tiny target (see the recipe's header) has 508 embedding rows over a 476-token tokenizer
     assert 476 <= cfg["vocab_size"] < 508
     from transformers import Qwen2Config
 

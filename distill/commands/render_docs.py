@@ -1,0 +1,177 @@
+"""`distill docs [--check]`: every measured table in the docs, rendered from a report committed under
+docs/results/, so that no number in docs/benchmarks.md or README.md is typed by hand.
+
+A section `<!-- results:NAME -->` ... `<!-- /results:NAME -->` in a Markdown file is the rendering of
+docs/results/NAME.json. `distill docs` rewrites every such section; `distill docs --check` (run by
+the test suite) exits 1 naming each section that differs from its report's rendering, so a hand edit
+of a measured figure fails CI. An acceptance report (`distill accept`'s report.json, schema 2) renders
+as its tables with intervals; a report of a schema this version does not read is named with the
+schema it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from distill.common.docs import markdown_table
+from distill.common.io import atomic_write
+
+DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
+RESULTS = "docs/results"
+SECTION = re.compile(r"<!-- results:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+READS = (2,)  # acceptance report schemas this renderer reads
+
+
+def _iv(figure: dict[str, Any] | None, fmt: str, suffix: str = "") -> str:
+    """'0.870 [0.850, 0.889]' from an interval record; – when absent."""
+    if not figure:
+        return "–"
+    return f"{format(figure['value'], fmt)}{suffix} [{format(figure['low'], fmt)}, {format(figure['high'], fmt)}]"
+
+
+def _prompts(report: dict[str, Any], task: str) -> str:
+    """How the task's prompts were drawn: count, file, seed, nesting, length."""
+    st = report["settings"]
+    source = (st.get("data_files") or {}).get(task, "the Hub split")
+    n = report["target_only"][task]["num_prompts"]
+    return (
+        f"{n} {task} prompts from `{Path(source).name if source != 'the Hub split' else source}`, the first {n} of a shuffle seeded {st['seed']} "
+        f"(a smaller run of the same seed takes a prefix of these), ≤ {st['max_new_tokens_per_task'][task]} new tokens"
+    )
+
+
+def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
+    """One row per draft: acceptance, per position, tokens per forward, both speedups with intervals, the prediction, identity."""
+    rows = []
+    for name, entry in report["drafts"].items():
+        r = entry["tasks"][task]
+        iv = r.get("intervals") or {}
+        dec = r.get("decomposition") or {}
+        rows.append(
+            [
+                name,
+                _iv(iv.get("acceptance_rate"), ".3f"),
+                " / ".join(_iv(p, ".2f") for p in iv.get("per_position_acceptance", [])),
+                _iv(iv.get("tokens_per_target_forward"), ".2f"),
+                _iv(iv.get("decode_speedup"), ".2f", "×"),
+                "–" if dec.get("predicted_decode_speedup") is None else f"{dec['predicted_decode_speedup']:.2f}×",
+                _iv(iv.get("end_to_end_speedup"), ".2f", "×"),
+                "–" if r.get("greedy_identity") is None else f"{r['identical_outputs']}/{r['num_prompts']}",
+            ]
+        )
+    return rows
+
+
+def render_acceptance(name: str, report: dict[str, Any]) -> str:
+    """An acceptance report's tables: per task each draft's figures with 95% intervals, then the paired differences."""
+    version = report.get("schema_version", 1)
+    if version not in READS:
+        raise ValueError(
+            f"docs/results/{name}.json has report schema {version}; `distill docs` renders schemas {list(READS)}: re-measure it or upgrade distill"
+        )
+    st, env = report["settings"], report["environment"]
+    lines = [
+        f"Target `{Path(report['target']).name}`, {st['mode']} decoding, k = {st['num_draft_tokens']}, {env['dtype']}, {env['device_name']}, "
+        f"{env['torch_threads']} torch threads. Rendered from `docs/results/{name}.json` by `distill docs`; [low, high] = 95% bootstrap interval over prompts.",
+    ]
+    for task in report["target_only"]:
+        base = report["target_only"][task]
+        lines += [
+            "",
+            f"{_prompts(report, task)}; target-only TPOT {base['tpot_s'] * 1e3:.1f} ms, {base['quality_metric']} {base['quality']:.3f}.",
+            "",
+            markdown_table(
+                [
+                    "draft",
+                    "acceptance",
+                    "per position",
+                    "tokens / target forward",
+                    "decode speedup",
+                    "predicted decode",
+                    "end-to-end speedup",
+                    "greedy identity",
+                ],
+                _task_rows(report, task),
+            ),
+        ]
+    comparisons = report.get("comparisons") or []
+    if comparisons:
+        lines += ["", "Paired differences on the same prompts (* = the interval excludes 0):", ""]
+        lines.append(
+            markdown_table(
+                ["task", "difference", "acceptance", "tokens / target forward", "decode speedup"],
+                [
+                    [c["task"], f"{c['draft']} − {c['reference']}"]
+                    + [
+                        _iv(c.get(f), "+.3f") + ("*" if (c.get(f) or {}).get("outside_noise") else "")
+                        for f in ("acceptance_rate", "tokens_per_target_forward", "decode_speedup")
+                    ]
+                    for c in comparisons
+                ],
+            )
+        )
+    loads = [(run_id, (run.get("machine_load") or {}).get("others_cores")) for run_id, run in (report.get("runs") or {}).items()]
+    lines += ["", "Timed in " + "; ".join(f"run `{r}` (other processes {'–' if c is None else format(c, '.2f')} cores)" for r, c in loads) + "."]
+    return "\n".join(lines)
+
+
+def render(name: str, report: dict[str, Any]) -> str:
+    """The Markdown of one committed report, by its kind."""
+    if "target_only" in report and "drafts" in report:
+        return render_acceptance(name, report)
+    raise ValueError(f"docs/results/{name}.json: not a report `distill docs` renders (expected `distill accept`'s report.json)")
+
+
+def rendered(text: str, results: Path) -> str:
+    """`text` with every results section replaced by its report's rendering."""
+
+    def one(match: re.Match) -> str:
+        name = match["name"]
+        path = results / f"{name}.json"
+        if not path.is_file():
+            raise ValueError(f"section results:{name} has no report: commit {path}")
+        return f"<!-- results:{name} -->\n{render(name, json.loads(path.read_text()))}\n<!-- /results:{name} -->"
+
+    return SECTION.sub(one, text)
+
+
+def stale_sections(path: Path, results: Path) -> list[str]:
+    """The results sections of `path` whose text differs from their report's rendering."""
+    text = path.read_text()
+    fresh = {m["name"]: m["body"] for m in SECTION.finditer(rendered(text, results))}
+    return [m["name"] for m in SECTION.finditer(text) if m["body"] != fresh[m["name"]]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`distill docs [--check]`: render (or check) every results section of the docs."""
+    from distill.arguments import parser
+
+    args = parser("docs").parse_args(argv)
+    root = Path(args.root)
+    results, documents = root / RESULTS, [root / d for d in DOCUMENTS if (root / d).is_file()]
+    try:
+        if not documents:
+            raise ValueError(f"{root.resolve()} holds none of {', '.join(DOCUMENTS)}: run from the repository root or pass --root")
+        if args.check:
+            stale = {d: s for d in documents if (s := stale_sections(d, results))}
+            for doc, names in stale.items():
+                print(f"distill docs: {doc}: section(s) {', '.join(names)} differ from their reports in {results}: run `distill docs`", file=sys.stderr)
+            return 1 if stale else 0
+        for path in documents:
+            text = path.read_text()
+            if (new := rendered(text, results)) != text:
+                atomic_write(path, new)
+                print(f"distill docs: rendered {path}")
+    except ValueError as err:
+        print(f"distill docs: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

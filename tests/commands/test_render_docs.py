@@ -1,0 +1,85 @@
+"""`distill docs`: the docs' measured tables are renderings of reports committed under docs/results/,
+and a hand edit of a rendered figure fails the check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from distill.commands.render_docs import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _iv(value: float, low: float, high: float) -> dict:
+    return {"value": value, "low": low, "high": high, "level": 0.95, "prompts": 30}
+
+
+def _row(acc: float) -> dict:
+    return {
+        "num_prompts": 30,
+        "identical_outputs": 30,
+        "greedy_identity": 1.0,
+        "intervals": {
+            "acceptance_rate": _iv(acc, acc - 0.02, acc + 0.02),
+            "per_position_acceptance": [_iv(0.9, 0.88, 0.92), _iv(0.8, 0.77, 0.83)],
+            "tokens_per_target_forward": _iv(2.6, 2.5, 2.7),
+            "decode_speedup": _iv(1.7, 1.6, 1.8),
+            "end_to_end_speedup": _iv(1.6, 1.5, 1.7),
+        },
+        "decomposition": {"predicted_decode_speedup": 1.72},
+    }
+
+
+REPORT = {
+    "schema_version": 2,
+    "target": "/cache/coder-1.5b",
+    "environment": {"dtype": "bfloat16", "device_name": "AMD EPYC", "torch_threads": 2},
+    "settings": {
+        "mode": "greedy",
+        "num_draft_tokens": 2,
+        "seed": 0,
+        "data_files": {"gsm8k": "/data/gsm8k/test.jsonl"},
+        "max_new_tokens_per_task": {"gsm8k": 256},
+    },
+    "target_only": {"gsm8k": {"num_prompts": 30, "tpot_s": 0.175, "quality": 0.567, "quality_metric": "exact_match"}},
+    "drafts": {"base": {"tasks": {"gsm8k": _row(0.83)}}, "distilled": {"tasks": {"gsm8k": _row(0.87)}}},
+    "comparisons": [{"task": "gsm8k", "reference": "base", "draft": "distilled", "acceptance_rate": {**_iv(0.04, 0.02, 0.06), "outside_noise": True}}],
+    "runs": {"r1": {"machine_load": {"others_cores": 0.03}}},
+}
+
+
+def _docs(tmp_path: Path, report: dict) -> Path:
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "real.json").write_text(json.dumps(report))
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n<!-- results:real -->\nnot yet rendered\n<!-- /results:real -->\n")
+    return doc
+
+
+def test_a_section_is_rendered_from_its_report_and_a_hand_edit_fails_the_check(tmp_path, capsys):
+    doc = _docs(tmp_path, REPORT)
+    assert main(["--check", "--root", str(tmp_path)]) == 1  # not rendered yet
+    assert main(["--root", str(tmp_path)]) == 0
+    text = doc.read_text()
+    assert "| distilled | 0.870 [0.850, 0.890] | 0.90 [0.88, 0.92] / 0.80 [0.77, 0.83] | 2.60 [2.50, 2.70] | 1.70× [1.60, 1.80] | 1.72× |" in text
+    assert "30 gsm8k prompts from `test.jsonl`, the first 30 of a shuffle seeded 0" in text
+    assert "| gsm8k | distilled − base | +0.040 [+0.020, +0.060]* |" in text
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+    doc.write_text(text.replace("1.70× [1.60, 1.80]", "1.80× [1.60, 1.80]", 1))
+    capsys.readouterr()
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    assert "section(s) real differ from their reports" in capsys.readouterr().err
+
+
+def test_a_report_of_another_schema_or_a_missing_report_is_named(tmp_path, capsys):
+    _docs(tmp_path, {**REPORT, "schema_version": 1})
+    assert main(["--root", str(tmp_path)]) == 2
+    assert "has report schema 1; `distill docs` renders schemas [2]" in capsys.readouterr().err
+    (tmp_path / "docs" / "results" / "real.json").unlink()
+    assert main(["--check", "--root", str(tmp_path)]) == 2
+    assert "section results:real has no report" in capsys.readouterr().err
+
+
+def test_the_repositorys_docs_match_their_committed_reports():
+    assert main(["--check", "--root", str(REPO)]) == 0
