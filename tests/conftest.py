@@ -92,6 +92,13 @@ def tiny_pair(tokenizer) -> TinyPair:
 
 
 @pytest.fixture(scope="session")
+def pair(tiny_pair):
+    """The decoder tests' target and drafts of three kinds: partly right (noisy), always right (self), and
+    a smaller one padded +8 rows that the target's padding-row ids overflow (small)."""
+    return tiny_pair.target, {"small": tiny_pair.draft, "noisy": tiny_pair.noisy_draft, "self": tiny_pair.target}
+
+
+@pytest.fixture(scope="session")
 def hand_costs() -> Costs:
     """Costs that make every speed prediction from them a number checked by hand (c = 0.2, v(3) = 1.1)."""
     return Costs(target_step_s=0.01, draft_step_s=0.002, c=0.2, v={1: 1.0, 2: 1.05, 3: 1.1, 4: 1.2}, device="cpu", dtype="float32")

@@ -4,12 +4,10 @@ changes no output, a model card with the measured numbers, atomic writes, and no
 from __future__ import annotations
 
 import copy
-import fnmatch
 import json
 import shutil
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -254,15 +252,6 @@ def test_model_card_holds_the_measured_numbers_and_hub_metadata(env, tmp_path):
     assert f'"method": "draft_model", "model": "{out}", "num_speculative_tokens": 4' in text
     assert json.loads((out / "eval_report.json").read_text()) == SAMPLE_REPORT
     assert publish(tmp_path / "apache", run_dir=env.run).joinpath("README.md").read_text().count("license: apache-2.0") == 1
-
-
-def test_the_card_template_is_package_data():
-    """importlib.resources finds it and pyproject's package-data globs match it, so a non-editable `pip install .` ships it."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    packaged = resources.files("distill.commands") / "templates" / "model_card.md"
-    assert packaged.is_file() and Path(str(publish_module.MODEL_CARD_TEMPLATE)) == Path(str(packaged))
-    globs = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["distill.commands"]
-    assert any(fnmatch.fnmatch("templates/model_card.md", g) for g in globs)
 
 
 def test_model_card_is_rendered_from_the_template_file(env, tmp_path, monkeypatch):

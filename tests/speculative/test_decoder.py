@@ -11,23 +11,11 @@ import torch
 from transformers import GenerationConfig, Qwen2ForCausalLM
 
 import distill.speculative.loop as loop_module
+from batches import left_padded_batch
 from distill.common.tiny import build_tokenizer, noisy_copy, tiny_qwen2
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import sample
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_pair):
-    """The shared untied pair's target, and drafts of three kinds: partly right, always right, and a
-    smaller one padded +8 rows that the target's padding-row ids overflow."""
-    return tiny_pair.target, {"small": tiny_pair.draft, "noisy": tiny_pair.noisy_draft, "self": tiny_pair.target}
-
-
-def _batch(tokenizer, examples, n):
-    tokenizer.padding_side = "left"
-    texts = [examples[i]["prompt"] + " " + examples[i]["response"][: 7 * i] for i in range(n)]
-    return tokenizer(texts, return_tensors="pt", padding=True)
 
 
 @pytest.mark.parametrize("draft_kind", ["small", "noisy", "self"])
@@ -35,7 +23,7 @@ def _batch(tokenizer, examples, n):
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_greedy_equals_target_generate(pair, tokenizer, examples, draft_kind, k, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, batch_size)
+    enc = left_padded_batch(tokenizer, examples, batch_size)
     expected = target.generate(**enc, max_new_tokens=24, do_sample=False)
     out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=k).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
     assert out.sequences.tolist() == expected.tolist()
@@ -44,7 +32,7 @@ def test_greedy_equals_target_generate(pair, tokenizer, examples, draft_kind, k,
 def test_noisy_draft_is_partially_accepted(pair, tokenizer, examples):
     """Guards the identity tests above: they must cover rejections as well as acceptances."""
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 1)
+    enc = left_padded_batch(tokenizer, examples, 1)
     stats = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4).generate(enc["input_ids"], max_new_tokens=40).stats
     assert 0.1 < stats.acceptance_rate < 0.95
 
@@ -52,7 +40,7 @@ def test_noisy_draft_is_partially_accepted(pair, tokenizer, examples):
 @pytest.mark.parametrize("draft_kind,batch_size", [("self", 3), ("noisy", 4)])
 def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples, draft_kind, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, batch_size)
+    enc = left_padded_batch(tokenizer, examples, batch_size)
     free = target.generate(**enc, max_new_tokens=20, do_sample=False)
     prompt_len = enc["input_ids"].shape[1]
     eos = int(free[0, prompt_len + 5])  # a token the first row emits mid-block with k = 6
@@ -69,7 +57,7 @@ def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples, dra
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
 def test_max_new_tokens_is_never_overshot(pair, tokenizer, examples, max_new_tokens, draft_kind, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, batch_size)
+    enc = left_padded_batch(tokenizer, examples, batch_size)
     expected = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
     out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=5).generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens)
     assert out.sequences.tolist() == expected.tolist()
@@ -79,7 +67,7 @@ def test_max_new_tokens_is_never_overshot(pair, tokenizer, examples, max_new_tok
 @pytest.mark.parametrize("draft_kind", ["noisy", "self", "small"])
 def test_adaptive_k_keeps_greedy_identity_and_moves_k(pair, tokenizer, examples, draft_kind):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 1)
+    enc = left_padded_batch(tokenizer, examples, 1)
     expected = target.generate(**enc, max_new_tokens=40, do_sample=False)
     out = SpeculativeDecoder(target, drafts[draft_kind], num_draft_tokens=3, schedule="adaptive").generate(enc["input_ids"], max_new_tokens=40)
     assert out.sequences.tolist() == expected.tolist()
@@ -91,7 +79,7 @@ def test_adaptive_k_keeps_greedy_identity_and_moves_k(pair, tokenizer, examples,
 
 def test_stats_add_up(pair, tokenizer, examples):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 1)
+    enc = left_padded_batch(tokenizer, examples, 1)
     s = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=4).generate(enc["input_ids"], max_new_tokens=33).stats
     assert s.accepted <= s.proposed and s.new_tokens == 33
     # Batch of one, no EOS: every target forward emits its accepted block plus one token of its own.
@@ -203,7 +191,7 @@ def test_rows_keep_their_own_accepted_length(pair, tokenizer, examples, monkeypa
     target token; the holes this leaves in the caches are squeezed out on a long run, and the
     output stays the target's row for row."""
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 4)
+    enc = left_padded_batch(tokenizer, examples, 4)
     kept, compactions = [], []
     round_, compact = loop_module.SpecLoop._round, DynamicSide.compact
     monkeypatch.setattr(loop_module.SpecLoop, "_round", lambda self, k: (r := round_(self, k), kept.append([row[0] for row in r[0]]))[0])
@@ -220,7 +208,7 @@ def test_rows_keep_their_own_accepted_length(pair, tokenizer, examples, monkeypa
 @pytest.mark.parametrize("backend", ["eager", "static"])
 def test_compacting_after_every_round_leaves_the_output_unchanged(pair, tokenizer, examples, monkeypatch, backend):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 4)
+    enc = left_padded_batch(tokenizer, examples, 4)
     calls = []
     monkeypatch.setattr(loop_module.SpecLoop, "_compaction_due", lambda self, shrink: calls.append(shrink) or True)
     expected = target.generate(**enc, max_new_tokens=40, do_sample=False)
@@ -265,7 +253,7 @@ def test_sliding_window_models_advance_in_lockstep_and_stay_identical(tokenizer,
     target = Qwen2ForCausalLM(config).eval()
     target.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     draft = noisy_copy(target, 0.05, 33)
-    enc = _batch(tokenizer, examples, 3)
+    enc = left_padded_batch(tokenizer, examples, 3)
     expected = target.generate(**enc, max_new_tokens=30, do_sample=False)
     decoder = SpeculativeDecoder(target, draft, num_draft_tokens=3)
     assert not decoder.ragged
@@ -281,7 +269,7 @@ def test_different_embedding_sizes_work_and_padding_ids_are_fed_safely(tokenizer
     draft cannot embed, and output must still equal the target's."""
     target = tiny_qwen2(len(tokenizer) + 32, tokenizer=tokenizer, seed=5, tie_word_embeddings=False, initializer_range=0.3)
     draft = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=6)
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     expected = target.generate(**enc, max_new_tokens=30, do_sample=False)
     assert (expected >= len(tokenizer) + 8).any(), "the case needs a target that emits ids past the draft's rows"
     dec = SpeculativeDecoder(target, draft, num_draft_tokens=3, tokenizer=tokenizer, draft_tokenizer=tokenizer)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import distill.speculative.decoder as decoder_module
+from batches import left_padded_batch
 from distill.common.tiny import tiny_qwen2
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import measure_costs_static
@@ -22,19 +23,6 @@ from distill.speculative.loop import SpecLoop, target_only_generate
 
 REPO = Path(__file__).resolve().parents[2]
 DECISIONS = ("proposed", "accepted", "rounds", "new_tokens", "target_forwards", "sequence_forwards", "position_proposed", "position_accepted")
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_pair):
-    """The shared untied pair's target, and drafts of three kinds: partly right, always right, and a
-    smaller one padded +8 rows that the target's padding-row ids overflow."""
-    return tiny_pair.target, {"noisy": tiny_pair.noisy_draft, "self": tiny_pair.target, "small": tiny_pair.draft}
-
-
-def _batch(tokenizer, examples, n):
-    tokenizer.padding_side = "left"
-    texts = [examples[i]["prompt"] + " " + examples[i]["response"][: 7 * i] for i in range(n)]
-    return tokenizer(texts, return_tensors="pt", padding=True)
 
 
 def _both(target, draft, enc, **kwargs):
@@ -49,7 +37,7 @@ def _both(target, draft, enc, **kwargs):
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_static_equals_eager_token_for_token(pair, tokenizer, examples, draft_kind, k, batch_size):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, batch_size)
+    enc = left_padded_batch(tokenizer, examples, batch_size)
     assert batch_size == 1 or (enc["attention_mask"] == 0).any(), "the batch must be left-padded"
     eager, static = _both(target, drafts[draft_kind], enc, num_draft_tokens=k)
     assert static.sequences.tolist() == eager.sequences.tolist()
@@ -64,7 +52,7 @@ def test_ids_past_the_drafts_embedding_are_fed_safely(tokenizer, examples):
     cannot embed, and the static loop must still match the eager one."""
     target = tiny_qwen2(len(tokenizer) + 32, tokenizer=tokenizer, seed=5, tie_word_embeddings=False, initializer_range=0.3)
     draft = tiny_qwen2(len(tokenizer) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=6)
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     eager, static = _both(target, draft, enc, num_draft_tokens=3, max_new_tokens=30, tokenizer=tokenizer, draft_tokenizer=tokenizer)
     assert (static.sequences >= len(tokenizer) + 8).any(), "the case needs a target that emits ids past the draft's rows"
     assert static.sequences.tolist() == eager.sequences.tolist()
@@ -72,7 +60,7 @@ def test_ids_past_the_drafts_embedding_are_fed_safely(tokenizer, examples):
 
 def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 3)
+    enc = left_padded_batch(tokenizer, examples, 3)
     free = target.generate(**enc, max_new_tokens=20, do_sample=False)
     prompt_len = enc["input_ids"].shape[1]
     eos = int(free[0, prompt_len + 5])  # emitted by row 0 inside a fully accepted block of k = 6
@@ -85,7 +73,7 @@ def test_eos_inside_an_accepted_block_stops_there(pair, tokenizer, examples):
 
 def test_a_finished_row_no_longer_holds_the_batch_back(pair, tokenizer, examples):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 3)
+    enc = left_padded_batch(tokenizer, examples, 3)
     free = target.generate(**enc, max_new_tokens=30, do_sample=False)
     eos = int(free[0, enc["input_ids"].shape[1] + 3])  # row 0 ends early; the others go on
     eager, static = _both(target, drafts["noisy"], enc, num_draft_tokens=4, max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
@@ -96,7 +84,7 @@ def test_a_finished_row_no_longer_holds_the_batch_back(pair, tokenizer, examples
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
 def test_max_new_tokens_inside_a_block_is_never_overshot(pair, tokenizer, examples, max_new_tokens):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     expected = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
     decoder = SpeculativeDecoder(target, drafts["self"], num_draft_tokens=5, backend="static")
     out = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens)
@@ -111,7 +99,7 @@ def test_max_new_tokens_inside_a_block_is_never_overshot(pair, tokenizer, exampl
 @pytest.mark.parametrize("draft_kind", ["noisy", "self", "small"])
 def test_adaptive_k_is_supported_and_identical(pair, tokenizer, examples, draft_kind):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 1)
+    enc = left_padded_batch(tokenizer, examples, 1)
     eager, static = _both(target, drafts[draft_kind], enc, num_draft_tokens=3, schedule="adaptive", max_new_tokens=40)
     assert static.sequences.tolist() == eager.sequences.tolist()
     if draft_kind == "self":  # all accepted: k grows past its start
@@ -123,7 +111,7 @@ def test_adaptive_k_is_supported_and_identical(pair, tokenizer, examples, draft_
 def test_buffers_are_reused_across_calls_and_reallocated_when_too_small(pair, tokenizer, examples):
     target, drafts = pair
     decoder = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=3, backend="static")
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     first = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=10).sequences
     cache = decoder._loops["static"].tside.cache
     again = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=10).sequences
@@ -135,7 +123,7 @@ def test_buffers_are_reused_across_calls_and_reallocated_when_too_small(pair, to
 
 def test_target_only_generate_is_target_greedy(pair, tokenizer, examples):
     target, _ = pair
-    ids = _batch(tokenizer, examples, 2)["input_ids"][1:]
+    ids = left_padded_batch(tokenizer, examples, 2)["input_ids"][1:]
     out = target_only_generate(target, ids, 20, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     assert out.sequences.tolist() == target.generate(ids, max_new_tokens=20, do_sample=False).tolist()
     assert out.stats.target_forwards == out.stats.new_tokens and out.stats.proposed == 0
@@ -163,7 +151,7 @@ def test_round_steps_trace_as_one_graph_with_no_host_sync(pair, tokenizer, examp
     """CUDA graphs need a CUDA device; what can be checked here is that the draft steps and the
     verify step are single graphs (dynamo fullgraph) and that the traced round computes the same."""
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     loop = SpecLoop.for_decoder(SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=3, backend="static"), "static")
     loop.generate(enc["input_ids"], enc["attention_mask"], 6, [], 0)  # fills the buffers mid-generation
     saved = [t.clone() for t in loop._state()]
@@ -198,7 +186,7 @@ def test_graphed_loop_equals_eager_on_cuda(pair, tokenizer, examples):
     target, drafts = pair
     target, draft = target.cuda(), drafts["noisy"].cuda()
     try:
-        enc = {k: v.cuda() for k, v in _batch(tokenizer, examples, 3).items()}
+        enc = {k: v.cuda() for k, v in left_padded_batch(tokenizer, examples, 3).items()}
         eager = SpeculativeDecoder(target, draft, num_draft_tokens=4, backend="eager").generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
         graphed = SpeculativeDecoder(target, draft, num_draft_tokens=4)  # auto: static + graphs on CUDA
         out = graphed.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
@@ -218,7 +206,7 @@ def test_compiled_backend_emits_the_targets_greedy_tokens_and_compiles_the_draft
     """The draft's k steps run as one inductor graph; the emitted tokens stay the target's own, and
     the decisions match the static loop's (the compiled draft proposes what the eager one does)."""
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 2)
+    enc = left_padded_batch(tokenizer, examples, 2)
     torch._dynamo.reset()
     compiled = SpeculativeDecoder(target, drafts["small"], num_draft_tokens=3, backend="compiled")
     out = compiled.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=16)
@@ -249,7 +237,7 @@ class _Recorder:
 
 def test_auto_picks_eager_on_cpu_and_static_for_greedy_on_cuda(pair, tokenizer, examples, monkeypatch):
     target, drafts = pair
-    enc = _batch(tokenizer, examples, 1)
+    enc = left_padded_batch(tokenizer, examples, 1)
     monkeypatch.setattr(decoder_module, "SpecLoop", _Recorder)
     _Recorder.built = []
     auto = SpeculativeDecoder(target, drafts["noisy"], num_draft_tokens=2)
