@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from distill.common.io import atomic_write
 from distill.common.provenance import environment
 
 VERSION = 2
@@ -68,8 +69,7 @@ class Journal:
         for line in lines[1:]:
             self._read(_json(line))
         if not lines:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"fingerprint": fingerprint, "journal_version": VERSION}) + "\n")
+            atomic_write(path, json.dumps({"fingerprint": fingerprint, "journal_version": VERSION}) + "\n")
 
     def _read(self, entry: dict[str, Any] | None) -> None:
         """One journal line: a run, a run's machine load, or a call (a line cut short by a crash is skipped: that call is redone)."""
