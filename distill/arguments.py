@@ -63,7 +63,11 @@ def _accept(p: argparse.ArgumentParser) -> None:
         metavar="TASK=PATH",
         help="read a task from a local JSONL/JSON/Parquet file with the Hub's columns (repeatable)",
     )
-    p.add_argument("--num-samples", type=int, help="prompts per task (default: each task's own, e.g. 300 for gsm8k)")
+    p.add_argument(
+        "--num-samples",
+        metavar="N|TASK=N,...",
+        help="prompts per task: one count for every task (30) or TASK=N,... (gsm8k=30,mmlu=200,cnndm=40; the rest keep their default, e.g. 300 for gsm8k)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling of task examples, and of tokens when --temperature > 0")
     p.add_argument("--max-new-tokens", type=int, help="generation length for every task (default: each task's own)")
     p.add_argument("--num-draft-tokens", "-k", type=int, default=5, help="draft tokens per round for the main figures")
@@ -75,7 +79,23 @@ def _accept(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1 gives per-request latency)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="greedy identity is guaranteed in float32 only")
     _device(p)
-    p.add_argument("--num-fewshot", type=int, default=0, help="MMLU shots from the same subject")
+    p.add_argument("--num-fewshot", type=int, default=0, help="MMLU shots from the same subject (0: none, 5: the usual; from --fewshot-file when given)")
+    p.add_argument(
+        "--fewshot-file",
+        action="append",
+        default=[],
+        metavar="mmlu=PATH",
+        help="the file MMLU's shots come from: its dev split (e.g. ../shared/data/mmlu/dev.jsonl)",
+    )
+    p.add_argument(
+        "--template",
+        action="append",
+        default=[],
+        metavar="[TASK=]NAMES",
+        help="ask a task under these templates, each reported as TASK@VARIANT: TASK=NAME,... with names of distill.common.prompts.TEMPLATES "
+        "(gsm8k=default,boxed,plain) or files holding a template with a {question} field; the groups default, train, held-out "
+        "name a task's own, training and held-out templates, and a bare value of groups (--template default,held-out) applies to every task",
+    )
     p.add_argument("--max-article-words", type=int, help="cut CNN/DailyMail articles to this many words (task default 512)")
     p.add_argument("--cost-repeats", type=int, default=20, help="timed repeats per measurement of c and v(k)")
     p.add_argument("--draft-alone", action="store_true", help="also decode with each draft alone and report its own task quality")
@@ -110,6 +130,17 @@ def _bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write every figure, the settings and the environment to this JSON file")
     p.add_argument("--markdown", help="also write the tables into a named section of this Markdown file (e.g. docs/benchmarks.md)")
     p.add_argument("--section", default="distill-bench", help="section name in --markdown (default distill-bench)")
+    p.add_argument(
+        "--vocab-sizes",
+        help="also cut the draft's LM head to each K (e.g. 8192,16384,32768,65536) and report coverage, c and predicted speedup per K "
+        "(needs --vocab-from and --coverage-from)",
+    )
+    p.add_argument(
+        "--vocab-from", nargs="+", action="extend", metavar="FILE", help="text whose most frequent tokens each K keeps (as distill trim-vocab --from)"
+    )
+    p.add_argument(
+        "--coverage-from", metavar="FILE", help="held-out text (e.g. the target's answers to held-out prompts): coverage = its tokens' share in the set"
+    )
 
 
 def _publish(p: argparse.ArgumentParser) -> None:
@@ -125,6 +156,8 @@ def _publish(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--push-to-hub", metavar="REPO", help="upload the folder to this Hub repo (token from HF_TOKEN)")
     p.add_argument("--public", action="store_true", help="create the Hub repo public (default: private)")
+    p.add_argument("--gguf", action="store_true", help="also write the draft as OUT/draft-<outtype>.gguf for llama.cpp (distill export-gguf)")
+    p.add_argument("--gguf-outtype", help="f16 (default), bf16 or q8_0; implies --gguf")
 
 
 def _rehearse(p: argparse.ArgumentParser) -> None:
@@ -162,6 +195,31 @@ def _convert_gguf(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _export_gguf(p: argparse.ArgumentParser) -> None:
+    p.add_argument("draft", help="the draft: a folder (full model or LoRA adapter, merged first), a training output folder, or a Hub id")
+    p.add_argument("out", help="the .gguf file to write (refused when it exists, unless --force)")
+    p.add_argument("--outtype", default="f16", help="f16 (default), bf16 or q8_0: the 2-D tensors' type; norms and biases stay F32")
+    p.add_argument("--tokenizer", help="take the tokenizer from here (the target's folder or Hub id) when the draft holds none")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT")
+
+
+def _trim_vocab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("draft", help="the draft: a folder (with its tokenizer), a training output folder, a Hub id or a .gguf file")
+    p.add_argument("out", help="the folder to write (must be empty or absent, unless --force)")
+    p.add_argument("--size", type=int, required=True, metavar="K", help="rows the LM head keeps: the K target ids most frequent in --from")
+    p.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="FILE",
+        help="JSONL files (response-like fields, a generation cache's response_ids, chat messages) or plain-text files whose tokens are counted",
+    )
+    p.add_argument("--fields", help="JSONL fields to count, comma-separated (default: response,answer,completion,output,text,content)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+
+
 def _docs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="exit 1 naming each section that differs from its report's rendering (nothing written)")
     p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
@@ -178,6 +236,8 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] 
     "rehearse": ("distill.commands.rehearse", "run every real Qwen2.5 path on random-weight stand-ins with the real tokenizer", _rehearse),
     "memory": ("distill.commands.memory", "training memory per GPU of a recipe at the real shapes (1 GPU, ZeRO-2/3)", _memory),
     "convert-gguf": ("distill.commands.convert_gguf", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)", _convert_gguf),
+    "export-gguf": ("distill.commands.export_gguf", "write a draft as a GGUF file llama.cpp loads (-md), f16, bf16 or q8_0", _export_gguf),
+    "trim-vocab": ("distill.commands.trim_vocab", "cut a draft's LM head to the K target tokens most frequent in some text (lossless)", _trim_vocab),
     "docs": ("distill.commands.render_docs", "render the docs' measured tables from the reports committed under docs/results/", _docs),
     "prepare-tiny": ("distill.commands.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on", _prepare_tiny),
 }

@@ -31,8 +31,10 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.arguments import default_device, parser, quiet_cpu_deepspeed
+from distill.common import prompts
 from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.common.provenance import MachineLoad, environment, warn
+from distill.common.trim import draft_to_target
 from distill.common.vocab import check_tokenizers_agree
 from distill.eval.figures import (
     SCHEMA_VERSION,
@@ -74,7 +76,7 @@ class Settings:
     drafts: list[DraftSource]
     tasks: list[str]
     data_files: dict[str, str] = field(default_factory=dict)
-    num_samples: int | None = None
+    num_samples: int | dict[str, int] | None = None  # one count for every task, or per task (the rest: each task's default)
     seed: int = 0
     max_new_tokens: int | None = None
     num_draft_tokens: int = 5
@@ -91,16 +93,44 @@ class Settings:
     cost_repeats: int = 20
     draft_alone: bool = False
     output_dir: str = "eval-output"
+    fewshot_files: dict[str, str] = field(default_factory=dict)  # task -> the file its shots come from (mmlu: the dev split)
+    templates: dict[str, list[str]] = field(default_factory=dict)  # task -> template names or files it is asked under (none: its own prompt)
 
     @property
     def do_sample(self) -> bool:
         return self.temperature > 0
 
+    def samples(self, task: str) -> int:
+        """The number of prompts `task` is asked: its own count, the one count for all, or the task's default."""
+        if isinstance(self.num_samples, dict):
+            return self.num_samples.get(task) or get_task(task).default_num_samples
+        return self.num_samples or get_task(task).default_num_samples
+
+    def variants(self) -> list[tuple[str, str, str]]:
+        """(label, task, template) of each task under each template it is asked with, in task order: a task
+        without --template is labelled by its name and asked its own prompt; under templates, `task@variant`."""
+        out = []
+        for task in self.tasks:
+            names = self.templates.get(task)
+            if not names:
+                out.append((task, task, task))
+            for name in names or []:
+                out.append((f"{task}@{template_label(task, name)}", task, name))
+        return out
+
+    @property
+    def labels(self) -> list[str]:
+        """The report's task rows: one per task and template (`variants`)."""
+        return [label for label, _, _ in self.variants()]
+
     def fingerprint(self) -> str:
         """A hash of the settings that change every measurement (not where the output goes, nor which
         drafts: each draft's calls carry `draft_stamp`), and of the local files behind them, so an
-        edited data file is measured afresh while a draft added to a finished run costs its calls only."""
-        calls_only = ("drafts", "draft_alone", "ks", "sweep_samples")  # these add or leave out calls, each keyed by its system and k
+        edited data file is measured afresh while a draft added to a finished run costs its calls only.
+        The prompt counts, templates and shot files are left out: they decide which prompts are asked,
+        and each call's key carries a hash of its prompts (`plan`), so a larger count or another
+        template reuses the calls of the prompts already measured."""
+        calls_only = ("drafts", "draft_alone", "ks", "sweep_samples", "num_samples", "templates", "fewshot_files")  # each call keyed by its prompts, system, k
         keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", *calls_only)}
         sources = [self.target, *self.data_files.values()]
         keyed["files"] = {src: _stamp(Path(src)) for src in sources if Path(src).exists()}
@@ -161,6 +191,111 @@ def parse_data_files(values: Iterable[str], tasks: Sequence[str]) -> dict[str, s
             raise FileNotFoundError(f"--data-file {value!r}: {path} does not exist; pass an existing JSONL/JSON/Parquet file")
         files[task] = path
     return files
+
+
+def parse_num_samples(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
+    """`--num-samples`: one count for every task (`30`), or counts per task (`gsm8k=30,mmlu=200`; a task
+    not named keeps its default). Empty: every task its default."""
+    if text is None or not str(text).strip():
+        return {}
+    text = str(text).strip()
+    fix = "write a positive integer for every task (30) or TASK=N,... (gsm8k=30,mmlu=200,cnndm=40)"
+    if "=" not in text:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--num-samples {text!r}: {fix}")
+        return dict.fromkeys(tasks, int(text))
+    counts = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        task, sep, n = (part.strip() for part in item.partition("="))
+        if not sep or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--num-samples {text!r}: {item!r} is not TASK=N; {fix}")
+        if task not in tasks:
+            raise ValueError(f"--num-samples {text!r}: task {task!r} is not among --tasks {list(tasks)}")
+        counts[task] = int(n)
+    return counts
+
+
+def parse_fewshot_files(values: Iterable[str], tasks: Sequence[str]) -> dict[str, str]:
+    """`--fewshot-file mmlu=PATH` values: the file each task's shots come from (MMLU only: its dev split)."""
+    files = {}
+    for value in values:
+        task, sep, path = value.partition("=")
+        if not sep or not path:
+            raise ValueError(f"--fewshot-file {value!r}: write TASK=PATH, e.g. mmlu=../shared/data/mmlu/dev.jsonl")
+        if task != "mmlu":
+            raise ValueError(f"--fewshot-file {value!r}: only mmlu takes shots; write mmlu=PATH")
+        if task not in tasks:
+            raise ValueError(f"--fewshot-file {value!r}: task {task!r} is not among --tasks {list(tasks)}")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--fewshot-file {value!r}: {path} does not exist; pass the dev split's JSONL/JSON/Parquet file")
+        files[task] = path
+    return files
+
+
+TEMPLATE_GROUPS = {
+    "default": lambda task: (task,),
+    "train": lambda task: prompts.TRAINING_TEMPLATES.get(task, ()),
+    "held-out": lambda task: prompts.HELD_OUT_TEMPLATES.get(task, ()),
+}
+
+
+def _template_names(task: str, item: str, value: str) -> tuple[str, ...]:
+    """The templates `item` of a `--template` value names for `task`: a group, a name (whole or without
+    its `TASK-` prefix), or a file holding a template with a {question} field."""
+    if item in TEMPLATE_GROUPS:
+        return tuple(TEMPLATE_GROUPS[item](task))
+    for name in (item, f"{task}-{item}"):
+        if name in prompts.TEMPLATES and (name == task or name.startswith(f"{task}-")):
+            return (name,)
+    if Path(item).is_file():
+        text = Path(item).read_text(encoding="utf-8")
+        if prompts.template_problem(text, task):
+            need = "a {question} field where the text goes" + (" ({subject} only for mmlu)" if "{subject}" in text else "")
+            raise ValueError(f"--template {value!r}: the file {item} is no {task} template: it needs {need}")
+        return (item,)
+    own = [n for n in prompts.TEMPLATES if n == task or n.startswith(f"{task}-")]
+    raise ValueError(
+        f"--template {value!r}: {item!r} is no {task} template, group or file; choose from {', '.join(own)} "
+        f"(or without the '{task}-' prefix), the groups {', '.join(TEMPLATE_GROUPS)}, or a file holding a template with a {{question}} field"
+    )
+
+
+def parse_templates(values: Iterable[str], tasks: Sequence[str]) -> dict[str, list[str]]:
+    """`--template` values (repeatable): `TASK=ITEM,...` asks TASK under each item, a bare `ITEM,...` asks
+    every task so (groups only: default, train, held-out). The report labels each `task@variant`
+    (`gsm8k@default`, `gsm8k@boxed`, a file by its name without suffix)."""
+    chosen: dict[str, list[str]] = {}
+    for value in values:
+        task, sep, items = value.partition("=")
+        if not sep:
+            task, items = "", value
+        elif task not in tasks:
+            raise ValueError(f"--template {value!r}: task {task!r} is not among --tasks {list(tasks)}")
+        parts = [part.strip() for part in items.split(",") if part.strip()]
+        if not parts:
+            raise ValueError(f"--template {value!r}: name at least one template, e.g. gsm8k=default,held-out")
+        if not sep and (bad := [p for p in parts if p not in TEMPLATE_GROUPS]):
+            raise ValueError(f"--template {value!r}: {bad[0]!r} names no group; without TASK= use {', '.join(TEMPLATE_GROUPS)}, or write TASK=NAME")
+        for one in [task] if sep else tasks:
+            names = chosen.setdefault(one, [])
+            for part in parts:
+                names += [n for n in _template_names(one, part, value) if n not in names]
+    for task, names in chosen.items():
+        labels = [template_label(task, n) for n in names]
+        if len(set(labels)) < len(labels):
+            raise ValueError(f"--template: two templates of {task} would be reported under one label ({labels}); rename a template file")
+    return chosen
+
+
+def template_label(task: str, template: str) -> str:
+    """How the report names `task` asked under `template`: a registry name by its variant (`default`,
+    `boxed`), a template file by its name without suffix."""
+    return prompts.variant(task, template) if template in prompts.TEMPLATES else Path(template).stem
+
+
+def task_of(label: str) -> str:
+    """The task a report label (`gsm8k` or `gsm8k@boxed`) measures."""
+    return label.partition("@")[0]
 
 
 def parse_ints(text: str, flag: str) -> list[int]:
@@ -228,7 +363,7 @@ def _check(settings: Settings) -> None:
         ("--batch-size", settings.batch_size),
         ("--max-new-tokens", settings.max_new_tokens),
         ("--sweep-samples", settings.sweep_samples),
-        ("--num-samples", settings.num_samples),
+        *(("--num-samples", n) for n in (settings.num_samples.values() if isinstance(settings.num_samples, dict) else [settings.num_samples])),
         ("--cost-repeats", settings.cost_repeats),
     ):
         if value is not None and value < 1:
@@ -240,17 +375,18 @@ def _check(settings: Settings) -> None:
 
 
 def load_examples(settings: Settings) -> dict[str, list[TaskExample]]:
-    """Each task's examples, from its local file when one is given, else from the Hub."""
+    """Each task's examples under each of its templates (keyed by report label, `Settings.variants`),
+    from its local file when one is given, else from the Hub; a bad row is a DataFileError `FILE:LINE: problem`."""
     examples = {}
-    for name in settings.tasks:
+    for label, name, template in settings.variants():
         task, opts = get_task(name), {}
         if name == "mmlu" and settings.num_fewshot:
             opts["num_fewshot"] = settings.num_fewshot
+            opts["fewshot_file"] = settings.fewshot_files.get(name)
         if name == "cnndm" and settings.max_article_words is not None:
             opts["max_article_words"] = settings.max_article_words
-        examples[name] = task.load(
-            data_file=settings.data_files.get(name), num_samples=settings.num_samples or task.default_num_samples, seed=settings.seed, **opts
-        )
+        opts["template"] = template if template in prompts.TEMPLATES else Path(template).read_text(encoding="utf-8")
+        examples[label] = task.load(data_file=settings.data_files.get(name), num_samples=settings.samples(name), seed=settings.seed, **opts)
     return examples
 
 
@@ -288,7 +424,7 @@ def _check_context(encoded: dict[str, list[list[int]]], examples: dict[str, list
             raise ValueError(
                 f"{name} prompt {examples[name][longest].id} has {len(rows[longest])} tokens; with {max_new[name]} new "
                 f"tokens and k={k_max} it needs {need} positions but the models hold {context}: lower --max-new-tokens"
-                + (" or --max-article-words" if name == "cnndm" else "")
+                + (" or --max-article-words" if task_of(name) == "cnndm" else "")
             )
 
 
@@ -326,37 +462,53 @@ def _load(
     eos, pad = _stop_ids(target, tokenizer)
     dropped = _plain_generation_config(target, eos, pad)
     if settings.draft_alone:  # each draft decodes alone too, by the same rule as the target
-        for model in drafts.values():
+        for name, model in drafts.items():
+            if draft_to_target(model) is not None:
+                raise ValueError(
+                    f"--draft-alone: draft {name!r} has a trimmed head, which transformers' generate cannot decode with; "
+                    "evaluate its full-vocabulary export alone (distill publish writes it as full-vocab/)"
+                )
             if model is not target:
                 _plain_generation_config(model, eos, pad)
     ks_all = sorted(set(settings.ks) | {settings.num_draft_tokens})
     context = min([_context(target)] + [_context(m) for m in drafts.values()])
-    max_new = {name: settings.max_new_tokens or get_task(name).max_new_tokens for name in settings.tasks}
+    max_new = {name: settings.max_new_tokens or get_task(task_of(name)).max_new_tokens for name in settings.labels}
     _check_context(encoded, examples, max_new, max(ks_all), context)
     decoders = {
         (d, k): SpeculativeDecoder(target, model, num_draft_tokens=k, schedule=settings.schedule, tokenizer=tokenizer, draft_tokenizer=tokenizer)
         for d, model in drafts.items()
         for k in ks_all
     }
-    decoding = {name: Decoding(max_new[name], settings.do_sample, settings.temperature, settings.top_p, eos, pad) for name in settings.tasks}
+    decoding = {name: Decoding(max_new[name], settings.do_sample, settings.temperature, settings.top_p, eos, pad) for name in settings.labels}
     return Loaded(target, drafts, decoders, decoding, encoded, context, dropped)
+
+
+def prompt_stamp(examples: Sequence[TaskExample]) -> str:
+    """A hash of a batch's prompts (their chat messages): part of each call's key, so a call is reused
+    only for the very prompts it answered, whatever count, template or shot file asked them."""
+    return hashlib.sha256(json.dumps([ex.messages for ex in examples], sort_keys=True).encode()).hexdigest()[:12]
 
 
 def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[list[Call]]:
     """Every call the settings ask for, batch by batch: target-only first, then each draft at k0 and (for
-    sweep batches) at the other k, then each draft alone; interleaved so all see the same machine state."""
+    sweep batches) at the other k, then each draft alone; interleaved so all see the same machine state.
+    A call's key is `task|batch|system|k|prompts` (and the draft's stamp): the task, not its report label, so the
+    prompts of `gsm8k` are the prompts of `gsm8k@default` when templates are added to a finished run."""
     k0 = settings.num_draft_tokens
     sweep_ks = [k for k in sorted(set(settings.ks)) if k != k0]
     stamps = {d.name: settings.draft_stamp(d.name) for d in settings.drafts}
     batches = []
-    for name in settings.tasks:
+    for name in settings.labels:
         for b, idx in enumerate(_batches(examples[name], settings.batch_size)):
             in_sweep = settings.sweep_samples is None or idx[0] < settings.sweep_samples
             jobs = [(TARGET, None)] + [(d.name, k) for d in settings.drafts for k in [k0] + (sweep_ks if in_sweep else [])]
             jobs += [(ALONE + d.name, None) for d in settings.drafts] if settings.draft_alone else []
+            asked = prompt_stamp([examples[name][i] for i in idx])
             batches.append(
                 [
-                    Call(f"{name}|{b}|{who}|{k}" + ("" if who == TARGET else f"|{stamps[who.removeprefix(ALONE)]}"), name, b, tuple(idx), who, k)
+                    Call(
+                        f"{task_of(name)}|{b}|{who}|{k}|{asked}" + ("" if who == TARGET else f"|{stamps[who.removeprefix(ALONE)]}"), name, b, tuple(idx), who, k
+                    )
                     for who, k in jobs
                 ]
             )
@@ -372,7 +524,7 @@ def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Jou
 
     if not calls:
         return
-    first = settings.tasks[0]
+    first = settings.labels[0]
     warm_up, dec = tensors(first, [0]), loaded.decoding[first]
     warm = Decoding(min(4, dec.max_new_tokens), dec.do_sample, dec.temperature, dec.top_p, dec.eos, dec.pad)
     target_generate(loaded.target, warm_up, warm, settings.seed)  # kernels, allocator and caches, outside the timed calls
@@ -392,8 +544,8 @@ def _costs(settings: Settings, loaded: Loaded, journal: Journal, batches: list[l
     """c and v(k) of every draft, the target timed once with all drafts alternated, on real tokens: the
     prompt of median length followed by the target's own answer to it."""
     k_max = max(set(settings.ks) | {settings.num_draft_tokens})
-    targets = [journal.latest(c.key) for calls in batches for c in calls if c.system == TARGET]
-    prompts = [(loaded.encoded[r["task"]][i], row) for r in targets for i, row in zip(r["examples"], r["new"])]
+    targets = [(c, journal.latest(c.key)) for calls in batches for c in calls if c.system == TARGET]
+    prompts = [(loaded.encoded[c.task][i], row) for c, r in targets for i, row in zip(c.examples, r["new"])]
     prompts.sort(key=lambda p: len(p[0]))
     prompt, answer = prompts[len(prompts) // 2]
     ids = (prompt + answer)[: loaded.context]
@@ -493,24 +645,25 @@ def build_report(
         return [tokenizer.decode(tokens[i], skip_special_tokens=True) for i in range(len(examples[task]))]
 
     target_only, base_tokens = {}, {}
-    for name in settings.tasks:
+    for name in settings.labels:
         recs = [journal.latest(c.key) for c in of(name, TARGET, None)]
         base_tokens[name] = outputs(recs)
-        q = quality(get_task(name), texts(name, recs), examples[name])
+        q = quality(get_task(task_of(name)), texts(name, recs), examples[name])
         target_only[name] = {**q, "per_example_quality": q.pop("per_example"), **timing(recs), "num_prompts": len(examples[name])}
 
     drafts, used_runs, per_task = {}, set(), {}
     for d in settings.drafts:
         tasks = {}
-        for name in settings.tasks:
+        for name in settings.labels:
+            task = get_task(task_of(name))
             records, pairs, runs = timed_pairs(journal, of(name, d.name, k0), target_keys)
             per_task[(d.name, name)] = (records, pairs if len(pairs) == len(records) else [])
             used_runs.update(runs)
-            row = task_row(get_task(name), examples[name], records, pairs, base_tokens[name], texts(name, records), not settings.do_sample, k0, settings.seed)
+            row = task_row(task, examples[name], records, pairs, base_tokens[name], texts(name, records), not settings.do_sample, k0, settings.seed)
             tasks[name] = {**row, "runs": runs, "target_quality": target_only[name]["quality"]}
             if settings.draft_alone:
                 alone = [journal.latest(c.key) for c in of(name, ALONE + d.name, None)]
-                aq = quality(get_task(name), texts(name, alone), examples[name])
+                aq = quality(task, texts(name, alone), examples[name])
                 tasks[name].update(draft_alone_quality=aq["quality"], draft_alone_metrics=aq["metrics"], draft_alone_tokens_per_s=timing(alone)["tokens_per_s"])
         pooled = [journal.latest(c.key) for c in of(None, d.name, k0)]
         drafts[d.name] = {
@@ -529,7 +682,8 @@ def build_report(
             **{k: v for k, v in asdict(settings).items() if k not in ("drafts", "target")},
             "drafts": {d.name: d.path for d in settings.drafts},
             "mode": "sampling" if settings.do_sample else "greedy",
-            "max_new_tokens_per_task": {name: settings.max_new_tokens or get_task(name).max_new_tokens for name in settings.tasks},
+            "max_new_tokens_per_task": {name: settings.max_new_tokens or get_task(task_of(name)).max_new_tokens for name in settings.labels},
+            "templates_per_task": {label: template for label, _, template in settings.variants()},
             "alpha_estimator": "maximum likelihood of i.i.d. per-token acceptance (fit_alpha)",
             "interval": "95% percentile bootstrap over prompts (calls), paired for differences",
         },
@@ -577,7 +731,7 @@ def _comparisons(settings: Settings, per_task: dict[tuple[str, str], tuple[list[
     return [
         {"task": task, "reference": names[0], "draft": other, **paired_difference(per_task[(names[0], task)], per_task[(other, task)], seed=settings.seed)}
         for other in names[1:]
-        for task in settings.tasks
+        for task in settings.labels
     ]
 
 
@@ -593,7 +747,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         drafts=parse_drafts(args.draft),
         tasks=tasks,
         data_files=parse_data_files(args.data_file, tasks),
-        num_samples=args.num_samples,
+        num_samples=parse_num_samples(args.num_samples, tasks),
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens,
@@ -610,6 +764,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         cost_repeats=args.cost_repeats,
         draft_alone=args.draft_alone,
         output_dir=args.output_dir,
+        fewshot_files=parse_fewshot_files(args.fewshot_file, tasks),
+        templates=parse_templates(args.template, tasks),
     )
 
 

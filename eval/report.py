@@ -32,10 +32,15 @@ def _png(fig: Figure) -> bytes:
 
 
 def acceptance_plot(report: dict[str, Any]) -> bytes:
-    """One panel per task: P(draft token j accepted) against j, a line per draft."""
+    """One panel per task (per task and template under --template, up to 4 to a row): P(draft token j
+    accepted) against j, a line per draft."""
     tasks = list(report["target_only"])
-    fig = Figure(figsize=(4.2 * len(tasks), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    cols = min(4, len(tasks))
+    rows = -(-len(tasks) // cols)
+    fig = Figure(figsize=(4.2 * cols, 4.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(tasks) :]:
+        ax.set_visible(False)
     for ax, task in zip(axes, tasks):
         depth = 1
         for name, entry in report["drafts"].items():
@@ -47,7 +52,8 @@ def acceptance_plot(report: dict[str, Any]) -> bytes:
         ax.set_xticks(range(1, depth + 1))
         ax.set_ylim(-0.03, 1.05)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("P(token j accepted)")
+    for ax in axes[::cols]:
+        ax.set_ylabel("P(token j accepted)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize="small")
     fig.suptitle(f"Per-position acceptance under {_short(report['target'])}")

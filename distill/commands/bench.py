@@ -26,11 +26,13 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from distill.commands.synthetic import merge_stats, synthetic_sweep
+from distill.commands.vocab_sweep import check_sweep, parse_sizes, render_vocab_sweep, vocab_sweep
 from distill.common.docs import markdown_table, write_section
 from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_model, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, environment, warn
 from distill.common.tiny import make_examples, random_pair
+from distill.common.trim import draft_to_target
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.costs import best_k, context_length, dtype_name, fit_alpha, measure_costs, predicted_speedup, resolve_backend
@@ -187,9 +189,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`distill bench`: measure c and v(k), predict the speedup per k, pick k; optionally measure
-    the acceptance → speedup curve with synthetic acceptance."""
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """`distill bench`'s arguments, checked (exit 2 with argparse's message on bad input)."""
     from distill.arguments import default_device, parser
 
     ap = parser("bench")
@@ -199,59 +200,110 @@ def main(argv: list[str] | None = None) -> int:
         args.ks = _parse_ks(args.ks)
         args.alpha = _parse_alphas(args.alpha) if args.alpha else None
         args.synthetic_acceptance = _parse_alphas(args.synthetic_acceptance) if args.synthetic_acceptance else None
-    except argparse.ArgumentTypeError as err:
+        args.vocab_sizes = parse_sizes(args.vocab_sizes) if args.vocab_sizes else None
+    except (argparse.ArgumentTypeError, ValueError) as err:
         ap.error(str(err))
+    if args.vocab_sizes and (not args.vocab_from or not args.coverage_from):
+        ap.error("--vocab-sizes needs --vocab-from FILE... (the text each K is counted in) and --coverage-from FILE (held-out text for coverage)")
     for name in ("num_draft_tokens", "prompt_len", "num_prompts", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.dtype == "auto":
-        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    else:
-        dtype = getattr(torch, args.dtype)
+    args.error = ap.error
+    return args
 
+
+def _alphas(
+    args: argparse.Namespace, target: PreTrainedModel, draft: PreTrainedModel, tok: Any, prompts: list[torch.Tensor], backend: str
+) -> tuple[list[float], str, Any]:
+    """The acceptance rates to predict at, where they come from, and (when measured) how to measure another draft's."""
+    if args.alpha:
+        return args.alpha, "given", None
+    if args.synthetic_acceptance:
+        return args.synthetic_acceptance, "as set for the synthetic runs", None
+    if tok is not None:  # real text through the chat template
+        chats = [[{"role": "user", "content": ex["prompt"]}] for ex in make_examples(args.num_prompts, seed=args.seed + 1234)]
+        real = [tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"] for chat in chats]
+    else:
+        real = prompts
+    real = [p.to(args.device) for p in real]
+    k0 = args.num_draft_tokens
+
+    def measure(d: PreTrainedModel) -> float:
+        return _measure_alpha(target, d, tok, real, k0, args.max_new_tokens, backend)
+
+    kind = "chat prompts" if tok is not None else "random-id prompts"
+    return [measure(draft)], f"measured with the real draft (k = {k0}, {len(real)} {kind})", measure
+
+
+def _markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
+    """The report as Markdown, with the machine's load, the vocabulary sweep and a hint when α ≈ 0."""
+    md = render_markdown(report) + "\n\n" + describe(report["machine_load"])
+    if report["vocab_sweep"]:
+        md += "\n\n" + render_vocab_sweep(report["vocab_sweep"], args.vocab_from, args.coverage_from)
+    if not args.synthetic_acceptance and max(report["alphas"]) < 0.05:
+        md += (
+            "\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
+            "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
+        )
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`distill bench`: measure c and v(k), predict the speedup per k, pick k; optionally measure
+    the acceptance → speedup curve with synthetic acceptance, and sweep trimmed vocabularies."""
+    args = _parse(argv)
+    dtype = (torch.bfloat16 if args.device.startswith("cuda") else torch.float32) if args.dtype == "auto" else getattr(torch, args.dtype)
     try:
         target, draft, tok, names = _load(args, dtype)
+        if args.vocab_sizes:
+            check_sweep(draft, tok, args.vocab_sizes, [*args.vocab_from, args.coverage_from])
+        if args.synthetic_acceptance and draft_to_target(draft) is not None:
+            raise ValueError("--synthetic-acceptance wraps a full-vocabulary draft: give the original draft, or its full-vocab/ export (distill publish)")
     except ValueError as err:
         print(f"distill bench: error: {err}", file=sys.stderr)
         return 2
     load = MachineLoad().start()
     context = min(context_length(target), context_length(draft))
     if args.prompt_len + args.max_new_tokens + max(args.ks) + 2 > context:
-        ap.error(f"--prompt-len + --max-new-tokens + k exceeds the models' context of {context}: lower them")
+        args.error(f"--prompt-len + --max-new-tokens + k exceeds the models' context of {context}: lower them")
     rows = [m.get_input_embeddings().num_embeddings for m in (target, draft)] + ([len(tok)] if tok is not None else [])
-    vocab = min(rows)  # random-id prompts stay inside every vocabulary
     gen = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(0, vocab, (1, args.prompt_len), generator=gen) for _ in range(args.num_prompts)]
+    prompts = [torch.randint(0, min(rows), (1, args.prompt_len), generator=gen) for _ in range(args.num_prompts)]  # ids inside every vocabulary
 
     backend = resolve_backend(args.backend, target, draft)
     costs = measure_costs(target, draft, ks=args.ks, prompt_len=args.prompt_len, repeats=args.repeats, seed=args.seed, backend=backend)
-    if args.alpha:
-        alphas, source = args.alpha, "given"
-    elif args.synthetic_acceptance:
-        alphas, source = args.synthetic_acceptance, "as set for the synthetic runs"
-    else:
-        if tok is not None:  # real text through the chat template
-            chats = [[{"role": "user", "content": ex["prompt"]}] for ex in make_examples(args.num_prompts, seed=args.seed + 1234)]
-            real = [tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"] for chat in chats]
-        else:
-            real = prompts
-        real = [p.to(args.device) for p in real]
-        k0 = args.num_draft_tokens
-        alphas = [_measure_alpha(target, draft, tok, real, k0, args.max_new_tokens, backend)]
-        kind = "chat prompts" if tok is not None else "random-id prompts"
-        source = f"measured with the real draft (k = {k0}, {len(real)} {kind})"
-    synthetic = []
-    if args.synthetic_acceptance:
-        synthetic = synthetic_sweep(
-            target, draft, args.synthetic_acceptance, args.ks, prompts, args.max_new_tokens, costs=costs, seed=args.seed, backend=backend
+    alphas, source, measure = _alphas(args, target, draft, tok, prompts, backend)
+    synthetic = (
+        synthetic_sweep(target, draft, args.synthetic_acceptance, args.ks, prompts, args.max_new_tokens, costs=costs, seed=args.seed, backend=backend)
+        if args.synthetic_acceptance
+        else []
+    )
+    vocab_rows = (
+        vocab_sweep(
+            target,
+            draft,
+            tok,
+            args.vocab_sizes,
+            args.vocab_from,
+            args.coverage_from,
+            ks=args.ks,
+            prompt_len=args.prompt_len,
+            repeats=args.repeats,
+            seed=args.seed,
+            backend=backend,
+            alpha=alphas[0],
+            measure_alpha=measure,
         )
-
+        if args.vocab_sizes
+        else []
+    )
+    settings = {k: v for k, v in vars(args).items() if k != "error"}
     report = {
         "names": names,
         "backend": backend,
         "environment": {**environment(args.device), "dtype": dtype_name(dtype)},
         "machine_load": load.stop().report(),
-        "settings": {**vars(args), "command": "distill bench " + " ".join(sys.argv[1:] if argv is None else argv)},
+        "settings": {**settings, "command": "distill bench " + " ".join(sys.argv[1:] if argv is None else argv)},
         "costs": costs.to_dict(),
         "alphas": alphas,
         "alpha_source": source,
@@ -261,13 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             for a in alphas
         ],
         "synthetic": synthetic,
+        "vocab_sweep": vocab_rows,
     }
-    md = render_markdown(report) + "\n\n" + describe(report["machine_load"])
-    if not args.synthetic_acceptance and max(alphas) < 0.05:
-        md += (
-            "\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
-            "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
-        )
+    md = _markdown(report, args)
     if args.json:
         write_json(args.json, report)
     if args.markdown:

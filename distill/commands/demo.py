@@ -185,7 +185,8 @@ def table(report: dict[str, Any]) -> str:
         for name, e in report["drafts"].items()
     ]
     return markdown_table(
-        ["draft", "acceptance rate", "accepted length", "tokens / target forward", "end-to-end speedup vs target-only", "greedy identity", "held-out 1 − TVD"], rows
+        ["draft", "acceptance rate", "accepted length", "tokens / target forward", "end-to-end speedup vs target-only", "greedy identity", "held-out 1 − TVD"],
+        rows,
     )
 
 

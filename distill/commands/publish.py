@@ -5,6 +5,7 @@ place (`distill.common.io.atomic_folder`). The card is templates/model_card.md f
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -21,9 +22,12 @@ import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token, snapshot_download
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.commands.engines import as_records, check_folder, summary
+from distill.commands.export_gguf import OUTTYPES, export_gguf, serve_command
 from distill.common.io import atomic_folder, atomic_write, write_json
 from distill.common.models import load_config, load_model, load_tokenizer, resolve
 from distill.common.provenance import versions
+from distill.common.trim import draft_to_target, restore_full_head, save_trim_files, trim_state
 from distill.common.vocab import check_tokenizers_agree
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The model card's prose and layout (package data, so it ships with a non-editable install); the values come from _card_values.
 MODEL_CARD_TEMPLATE = resources.files("distill.commands") / "templates" / "model_card.md"
 DEFAULT_NUM_DRAFT_TOKENS = 5  # the card's vLLM/SGLang draft length when the eval report records none
+FULL_VOCAB = "full-vocab"  # a trimmed draft's full-vocabulary export, for transformers, vLLM, SGLang and llama.cpp
 
 
 @dataclass
@@ -74,6 +79,8 @@ class _Draft:
     vocab_size: int
     target_vocab: int
     padded: list[int] = field(default_factory=list)
+    serving: dict[str, Any] = field(default_factory=dict)  # the GGUF written and each engine's verdict (_serving)
+    full: PreTrainedModel | None = None  # a trimmed draft's full-vocabulary export (FULL_VOCAB/); `model` is the trimmed one
 
 
 def pad_vocab(model: PreTrainedModel, vocab_size: int, real_vocab: int) -> list[int]:
@@ -223,12 +230,16 @@ def publish(
     force: bool = False,
     push_to_hub: str | None = None,
     public: bool = False,
+    gguf: str | None = None,
 ) -> Path:
-    """Write the ready draft folder `out` from a training output (`run_dir`) or a `draft` + `target` pair.
+    """Write the ready draft folder `out` from a training output (`run_dir`) or a `draft` + `target` pair;
+    `gguf` (f16, bf16 or q8_0): also the draft as `draft-<gguf>.gguf` for llama.cpp (distill export-gguf).
 
     Nothing appears at `out` unless every step succeeded (the folder is built beside it and swapped in);
     without `push_to_hub` nothing leaves the machine."""
     out = Path(out).absolute()
+    if gguf is not None and gguf not in OUTTYPES:
+        raise ValueError(f"--gguf-outtype {gguf!r}: choose one of {', '.join(OUTTYPES)}")
     _check_request(out, eval_report, keep_adapter=keep_adapter, pad_vocab_to_target=pad_vocab_to_target, force=force, push_to_hub=push_to_hub, public=public)
     source = _resolve_source(run_dir, draft, target, target_revision)
     if out == source.draft_dir or out in source.draft_dir.parents:
@@ -245,6 +256,7 @@ def publish(
             license=license,
             repo=push_to_hub or str(out),
             name=(push_to_hub or out.name).split("/")[-1],
+            gguf=gguf,
         )
     log.info("wrote %s", out)
     if push_to_hub:
@@ -280,6 +292,11 @@ def _prepare_draft(source: _Source, keep_adapter: bool, pad_vocab_to_target: boo
         check_tokenizers_agree(target_tok, load_tokenizer(source.draft_dir, what="draft tokenizer"))
 
     model, base_model = _load_draft(source.draft_dir, keep_adapter)
+    trimmed = None
+    if draft_to_target(model) is not None:  # the folder serves distill's decoder; FULL_VOCAB/ (padded if asked) every engine
+        if keep_adapter:
+            raise ValueError("--keep-adapter: a trimmed draft is published merged (its head is not an adapter's); drop the flag")
+        trimmed, model = model, restore_full_head(copy.deepcopy(model))
     draft_rows = model.get_input_embeddings().weight.shape[0]
     if draft_rows < len(target_tok):
         raise ValueError(
@@ -297,29 +314,89 @@ def _prepare_draft(source: _Source, keep_adapter: bool, pad_vocab_to_target: boo
             draft_vocab,
             target_vocab,
         )
+    if trimmed is not None:
+        return _Draft(trimmed, base_model, target_tok, draft_vocab, target_vocab, padded, full=model)
     return _Draft(model, base_model, target_tok, draft_vocab, target_vocab, padded)
 
 
 def _write_draft_folder(
-    folder: Path, source: _Source, draft: _Draft, eval_report: str | Path | None, *, keep_adapter: bool, license: str, repo: str, name: str
+    folder: Path,
+    source: _Source,
+    draft: _Draft,
+    eval_report: str | Path | None,
+    *,
+    keep_adapter: bool,
+    license: str,
+    repo: str,
+    name: str,
+    gguf: str | None = None,
 ) -> None:
     """Fill the (temporary) folder: weights, tokenizer, reload check, then the report, recipe, run info, card and publish info."""
     draft.model.save_pretrained(folder)  # safetensors: transformers 5 writes nothing else, peft by default
+    if draft.full is not None:
+        save_trim_files(draft.model, folder)
     if not keep_adapter:
         _write_portable_config(folder)
     _copy_tokenizer(source.target, source.target_revision, folder, draft.target_tokenizer)
-    _verify(folder, draft.model, draft.target_tokenizer, draft.vocab_size)
+    _verify(folder, draft.model, draft.target_tokenizer, draft.model.get_input_embeddings().weight.shape[0])
+    if draft.full is not None:
+        _write_full_vocab(folder / FULL_VOCAB, source, draft)
     report = report_path = None
     if eval_report is not None:
         report, report_path = load_eval_report(eval_report)
         shutil.copy2(report_path, folder / "eval_report.json")
+    draft.serving = _serving(folder / FULL_VOCAB if draft.full is not None else folder, source, gguf, repo, name, _num_draft_tokens(report))
     if source.recipe_text is not None:
         atomic_write(folder / "recipe.yaml", source.recipe_text)
     if source.run_info is not None:
         write_json(folder / "run_info.json", source.run_info)
     card = _model_card(source, draft, report, report_path, license=license, repo=repo, name=name, adapter=keep_adapter)
     atomic_write(folder / "README.md", str(card))
-    write_json(folder / "publish_info.json", _publish_info(source, eval_report, draft.padded, keep_adapter))
+    write_json(folder / "publish_info.json", {**_publish_info(source, eval_report, draft.padded, keep_adapter), **draft.serving})
+
+
+def _write_full_vocab(folder: Path, source: _Source, draft: _Draft) -> None:
+    """A trimmed draft's full-vocabulary export: a plain model (kept rows as trained, the others the original's), checked by reloading."""
+    folder.mkdir()
+    draft.full.save_pretrained(folder)
+    _write_portable_config(folder)
+    _copy_tokenizer(source.target, source.target_revision, folder, draft.target_tokenizer)
+    _verify(folder, draft.full, draft.target_tokenizer, draft.vocab_size)
+
+
+def _trimmed_card(draft: _Draft, repo: str) -> dict[str, Any] | None:
+    """The card's trimmed-vocabulary section: how many rows were kept, from what, and where the full-vocabulary export is."""
+    if draft.full is None:
+        return None
+    state = trim_state(draft.model)
+    info = state.info if state is not None else {}
+    source = info.get("from") or info.get("count_from")
+    source = ", ".join(f"`{s}`" for s in source) if isinstance(source, list) else source
+    cov = info.get("coverage_of_counted_text")
+    return {
+        "kept": int(draft_to_target(draft.model).numel()),
+        "rows": draft.model.get_input_embeddings().weight.shape[0],
+        "source": source or "the text it was cut with",
+        "coverage": f"{cov:.2%}" if isinstance(cov, float) else "an unrecorded share",
+        "folder": FULL_VOCAB,
+        "path": f"{repo}/{FULL_VOCAB}",
+    }
+
+
+def _serving(folder: Path, source: _Source, gguf: str | None, repo: str, name: str, k: int) -> dict[str, Any]:
+    """Write the draft as `draft-<gguf>.gguf` when asked (distill export-gguf), then check the folder against each serving
+    engine's rule (distill.commands.engines) and log which it satisfies: publish_info.json and the card record both."""
+    written = path = None
+    if gguf is not None:
+        path = folder / f"draft-{gguf}.gguf"
+        written = export_gguf(folder, path, gguf, name=name).summary()
+        written["path"] = path.name
+        log.info("wrote %s (%s, %.1f MB)", path.name, gguf, written["bytes"] / 1e6)
+    checks = check_folder(folder, source.target, revision=source.target_revision, gguf=path, repo=repo, k=k)
+    log.info("engines: %s", summary(checks))
+    for check in checks:
+        log.info("  %-12s %s: %s", check.engine, "yes" if check.ok else "no", check.reason)
+    return {"gguf": written, "engines": as_records(checks)}
 
 
 def push_folder(folder: str | Path, repo_id: str, private: bool = True) -> str:
@@ -485,6 +562,7 @@ def _card_values(
 ) -> dict[str, Any]:
     """Every value the template shows, computed here so the template keeps only prose, layout and simple conditions."""
     k = _num_draft_tokens(report)
+    gguf = draft.serving.get("gguf")  # the GGUF _serving wrote, if any
     return {
         "name": name,
         "target": source.target,
@@ -502,8 +580,13 @@ def _card_values(
         # transformers takes an assistant of another vocab_size only with both tokenizers (universal assisted decoding).
         "assistant_extra": "" if draft.vocab_size == draft.target_vocab else ", tokenizer=tokenizer, assistant_tokenizer=tokenizer",
         "num_draft_tokens": k,
-        "vllm_config": json.dumps({"method": "draft_model", "model": repo, "num_speculative_tokens": k}),
+        "vllm_config": json.dumps({"method": "draft_model", "model": f"{repo}/{FULL_VOCAB}" if draft.full is not None else repo, "num_speculative_tokens": k}),
+        "trimmed": _trimmed_card(draft, repo),
+        "serve_path": f"{repo}/{FULL_VOCAB}" if draft.full is not None else repo,
+        "subfolder": f', subfolder="{FULL_VOCAB}"' if draft.full is not None else "",
         "padding": {"first": draft.padded[0], "last": draft.padded[-1]} if draft.padded else None,
+        "engines": [{**e, "reason": e["reason"].replace("|", "\\|"), "rule": e["rule"].replace("|", "\\|")} for e in draft.serving.get("engines", [])],
+        "gguf": {**gguf, "command": serve_command("TARGET.gguf", gguf["path"], k)} if gguf else None,
         "recipe_text": source.recipe_text.rstrip() if source.recipe_text else None,
         "run_info": json.dumps(source.run_info, indent=2) if source.run_info is not None else None,
     }
@@ -564,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
             push_to_hub=args.push_to_hub,
             public=args.public,
+            gguf=(args.gguf_outtype or "f16") if (args.gguf or args.gguf_outtype) else None,
         )
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"distill publish: error: {err}", file=sys.stderr)

@@ -37,7 +37,7 @@ def _iv(figure: dict[str, Any] | None, fmt: str, suffix: str = "") -> str:
 def _prompts(report: dict[str, Any], task: str) -> str:
     """How the task's prompts were drawn: count, file, seed, nesting, length."""
     st = report["settings"]
-    source = (st.get("data_files") or {}).get(task, "the Hub split")
+    source = (st.get("data_files") or {}).get(task.partition("@")[0], "the Hub split")  # a label `gsm8k@boxed` reads gsm8k's file
     n = report["target_only"][task]["num_prompts"]
     return (
         f"{n} {task} prompts from `{Path(source).name if source != 'the Hub split' else source}`, the first {n} of a shuffle seeded {st['seed']} "

@@ -202,11 +202,36 @@ def load_model(
     placement = {"device_map": str(device)} if device is not None else {}
 
     def load() -> PreTrainedModel:
+        if source.kind == "folder" and _trimmed(source.path):
+            return _load_trimmed(source.location, torch_dtype, trust_remote_code, placement)
         return AutoModelForCausalLM.from_pretrained(
             source.location, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placement, **source.kwargs(revision)
         )
 
     return _plain(_guarded(source, what, load), source).eval()
+
+
+def _trimmed(folder: str) -> bool:
+    from distill.common.trim import is_trimmed_folder
+
+    return is_trimmed_folder(folder)
+
+
+def _load_trimmed(folder: str, dtype: Any, trust_remote_code: bool, placement: dict[str, Any]) -> PreTrainedModel:
+    """A draft whose LM head keeps K rows (distill.common.trim): transformers loads the rest (the head's
+    size mismatch ignored, its report silenced), then the K-row head and the map are set and checked."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from distill.common.trim import attach_trimmed_head
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True, **placement)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return attach_trimmed_head(model, folder)
 
 
 def load_tokenizer(ref: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False, what: str = "tokenizer") -> PreTrainedTokenizerBase:

@@ -9,6 +9,7 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from distill.common.trim import draft_to_target
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
 from distill.speculative.loop import SpecLoop
 from distill.speculative.schedule import make_schedule
@@ -29,7 +30,9 @@ class SpeculativeDecoder:
 
     Greedy output equals `target.generate(do_sample=False)` token for token; sampled output
     follows the target's distribution exactly. Pass the tokenizers to have them checked; the
-    draft's logits are limited to the vocabulary both models share (`vocab_size`).
+    draft's logits are limited to the vocabulary both models share (`vocab_size`). A draft with a
+    trimmed head (`distill.common.trim`) proposes through its map and has probability 0 outside it;
+    verification and the acceptance rule stay over the target's whole vocabulary.
 
     `backend`: "eager" (caches that grow), "static" (preallocated caches, each round replayed as
     CUDA graphs on CUDA), "compiled" (static caches with the draft's k steps as one torch.compile
@@ -65,6 +68,14 @@ class SpeculativeDecoder:
         self.vocab_size = vocab_size or shared_vocab_size(target, draft, tokenizer)
         self.target_vocab = target.config.get_text_config().vocab_size
         self.draft_rows = draft.get_input_embeddings().num_embeddings
+        if draft_to_target(target) is not None:
+            raise ValueError("the target has a trimmed head: verification needs the target's whole vocabulary; load the full target")
+        d2t = draft_to_target(draft)
+        if d2t is not None and int(d2t.max()) >= self.vocab_size:
+            raise ValueError(
+                f"the draft's trimmed head maps a row to token id {int(d2t.max())}, past the {self.vocab_size} tokens both models share: "
+                "trim the draft over the tokenizer's vocabulary (distill trim-vocab keeps tokenizer ids only)"
+            )
         self.context = min(_context_length(target), _context_length(draft))
         problems = [p for p in (static_problem(target, "target"), static_problem(draft, "draft")) if p]
         if backend in ("static", "compiled") and problems:

@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from distill.common.clock import Clock
+from distill.common.trim import draft_to_target
 from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import greedy_accept, rejection_accept, sample, warp
 from distill.speculative.schedule import make_schedule
@@ -65,6 +66,9 @@ class SpecLoop:
         self.target_vocab = target.config.get_text_config().vocab_size
         self.vocab_size = vocab_size or self.target_vocab
         self.draft_rows, self.context = draft_rows, context
+        # A trimmed draft's head scores K target ids (row i: draft_to_target[i]); None: the shared vocabulary.
+        self.draft_to_target = draft_to_target(draft)
+        self.draft_width = self.vocab_size if self.draft_to_target is None else self.draft_to_target.numel()
         on_cuda = graphs_available(self.device)
         self.graphs_enabled = (self.static and on_cuda and not compile_draft) if graphs is None else graphs
         if self.graphs_enabled and not (self.static and on_cuda):
@@ -148,13 +152,22 @@ class SpecLoop:
 
     def _draft_steps(self, k: int) -> None:
         """k draft steps from the two pending tokens; proposals land in tokens[:, 1:k+1] (and their
-        distributions in q when sampling)."""
+        distributions in q when sampling). A trimmed draft chooses among its K rows, proposes the
+        target id of the row chosen and gives every other id probability 0 in q; its next input is
+        that target id (its input embedding is whole)."""
         ids, positions = self.pending, self.pos[:, None] - 1 + self.steps_ahead[:2]
+        d2t = self.draft_to_target
         for j in range(1, k + 1):
-            logits = self.dside.forward(ids, positions, keep=1)[:, -1, : self.vocab_size]
-            self.tokens[:, j], probs = self._choose(logits, self.uniforms[:, j - 1])
-            if probs is not None:
-                self.q[:, j - 1, : self.vocab_size] = probs
+            logits = self.dside.forward(ids, positions, keep=1)[:, -1, : self.draft_width]
+            choice, probs = self._choose(logits, self.uniforms[:, j - 1])
+            if d2t is None:
+                self.tokens[:, j] = choice
+                if probs is not None:
+                    self.q[:, j - 1, : self.vocab_size] = probs
+            else:
+                self.tokens[:, j] = d2t[choice]
+                if probs is not None:
+                    self.q[:, j - 1].index_copy_(1, d2t, probs)
             ids, positions = self.tokens[:, j : j + 1], self.pos[:, None] + j
 
     def _verify(self, k: int) -> None:

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distill.common.io import atomic_write, write_json
-from distill.common.prompts import apply_template
+from distill.common.datafiles import read_rows
+from distill.common.io import DataFileError, atomic_write, write_json
+from distill.common.prompts import TEMPLATES, apply_template, format_mmlu_question, truncate_words
+from distill.common.splits import CNNDM_TRAIN_ROWS, positions
 from distill.common.vocab import cut_at_eos, tokenizer_fingerprint
 from distill.training import topk_store
 from distill.training.recipe import DataSpec
@@ -36,27 +39,38 @@ def _user(text: str) -> Messages:
     return [{"role": "user", "content": text}]
 
 
+def _text(row: dict, name: str) -> str:
+    """`row[name]`, which must be text."""
+    value = row[name]
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} is a {type(value).__name__}, not text")
+    return value
+
+
 def _gsm8k(row: dict) -> tuple[Messages, str | None]:
-    return _user(row["question"]), row["answer"]
+    return _user(_text(row, "question")), _text(row, "answer")
 
 
 def _mmlu(row: dict) -> tuple[Messages, str | None]:
     letters = "ABCDEFGHIJ"
+    _text(row, "question")
+    if not isinstance(row["choices"], list) or not all(isinstance(c, str) for c in row["choices"]):
+        raise ValueError(f"mmlu 'choices' must be a list of texts, got {row['choices']!r:.120}")
     choices = list(row["choices"])
     if len(choices) > len(letters):
         raise ValueError(f"mmlu row has {len(choices)} choices; at most {len(letters)} are supported")
     answer = row["answer"]
     if isinstance(answer, str) and answer in letters[: len(choices)]:
         answer = letters.index(answer)
-    if not isinstance(answer, int) or not 0 <= answer < len(choices):
-        raise ValueError(f"mmlu answer must be a choice index or letter, got {answer!r} for {len(choices)} choices")
+    if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
+        raise ValueError(f"mmlu answer must be a choice index or letter, got {answer!r} for {len(choices)} choices (out of range)")
     options = "\n".join(f"{letters[i]}. {c}" for i, c in enumerate(choices))
     prompt = f"{row['question']}\n\n{options}\n\nAnswer with the letter of the correct option."
     return _user(prompt), f"The answer is {letters[answer]}."
 
 
 def _cnndm(row: dict) -> tuple[Messages, str | None]:
-    return _user(f"Summarize the following article.\n\n{row['article']}"), row["highlights"]
+    return _user(f"Summarize the following article.\n\n{_text(row, 'article')}"), _text(row, "highlights")
 
 
 def _messages(row: dict) -> tuple[Messages, str | None]:
@@ -75,18 +89,38 @@ def _messages(row: dict) -> tuple[Messages, str | None]:
 
 
 def _prompt_response(row: dict) -> tuple[Messages, str | None]:
-    return _user(row["prompt"]), row.get("response")
+    if row.get("response") is not None:
+        _text(row, "response")
+    return _user(_text(row, "prompt")), row.get("response")
 
 
 # name -> (columns that must be present, row function). Auto-detection tries them in this order
-# (mmlu before gsm8k: both have question/answer).
+# (mmlu before gsm8k: both have question/answer; cnndm before cnndm_train, which is never detected:
+# it is cnndm reading only the rows distill.common.splits leaves to training).
 ADAPTERS: dict[str, tuple[tuple[str, ...], Callable[[dict], tuple[Messages, str | None]]]] = {
     "messages": (("messages",), _messages),
     "mmlu": (("question", "choices", "answer"), _mmlu),
     "gsm8k": (("question", "answer"), _gsm8k),
     "cnndm": (("article", "highlights"), _cnndm),
+    "cnndm_train": (("article", "highlights"), _cnndm),
     "prompt_response": (("prompt",), _prompt_response),
 }
+
+
+def template_fields(adapter: str, row: dict, max_article_words: int | None = None) -> dict[str, str] | None:
+    """What a template wraps for a row of a task adapter, as `distill accept` asks it: the GSM8K question,
+    the MMLU question with its lettered options and "Answer:" (and its subject), the CNN/DM article cut
+    to `max_article_words`; None for the chat adapters (their last user turn is wrapped)."""
+    if adapter == "gsm8k":
+        return {"question": row["question"]}
+    if adapter == "mmlu":
+        fields = {"question": format_mmlu_question(row["question"], row["choices"])}
+        if isinstance(row.get("subject"), str):
+            fields["subject"] = row["subject"].replace("_", " ")
+        return fields
+    if adapter in ("cnndm", "cnndm_train"):
+        return {"question": truncate_words(row["article"], max_article_words)}
+    return None
 
 
 def detect_adapter(columns: Iterable[str]) -> str:
@@ -105,10 +139,9 @@ def detect_adapter(columns: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- loading
 
 
-def _load_rows(dataset: str, split: str, subset: str | None):
-    """A `datasets.Dataset` from a Hub id or a local .jsonl/.json/.parquet file."""
-    from datasets import load_dataset
-
+def _load_rows(dataset: str, split: str, subset: str | None) -> tuple[Sequence[dict], Callable[[int], str], list[str]]:
+    """The rows of a Hub id or a local .jsonl/.json/.parquet file, where each row is (`FILE:LINE`, or
+    the Hub split's row number), and the columns. A line that is not JSON is a DataFileError naming it."""
     suffix = Path(dataset).suffix.lower()
     if suffix in LOCAL_FORMATS:
         if not os.path.isfile(dataset):
@@ -119,15 +152,25 @@ def _load_rows(dataset: str, split: str, subset: str | None):
             raise ValueError(
                 f"a local file has a single split, 'train'; got split={split!r} for {dataset}. Point the dataset (or data.eval_split) at another file instead."
             )
-        try:
-            return load_dataset(LOCAL_FORMATS[suffix], data_files={"train": dataset}, split="train")
-        except ValueError as e:  # datasets' word for a file of zero rows
-            if "corresponds to no data" not in str(e):
-                raise
-            raise ValueError(f"dataset {dataset} has no rows: there is nothing to train or evaluate on; point the recipe at data with rows") from None
+        located = read_rows(dataset, allow_empty=True)
+        if not located:
+            raise ValueError(f"dataset {dataset} has no rows: there is nothing to train or evaluate on; point the recipe at data with rows")
+        rows = [row for _, row in located]
+        return rows, [where for where, _ in located].__getitem__, list(dict.fromkeys(key for row in rows for key in row))
     if os.path.isfile(dataset):
         raise ValueError(f"unsupported dataset file {dataset}: use one of {', '.join(LOCAL_FORMATS)}")
-    return load_dataset(dataset, subset, split=split)
+    from datasets import load_dataset
+
+    ds = load_dataset(dataset, subset, split=split)
+    return ds, lambda i: f"{dataset} ({split}) row {i + 1}", list(ds.column_names)
+
+
+def _identity(adapter: str, row: dict, messages: Messages) -> str:
+    """What makes two rows one prompt (`exclude`): the task's text (the MMLU question with its options,
+    the whole article) or the last user turn, whitespace normalised."""
+    fields = template_fields(adapter, row)
+    text = fields["question"] if fields else next(t["content"] for t in reversed(messages) if t["role"] == "user")
+    return " ".join(text.split())
 
 
 def load_examples(
@@ -138,42 +181,111 @@ def load_examples(
     seed: int = 0,
     subset: str | None = None,
     prompt_template: str | None = None,
+    *,
+    prompt_templates: Sequence[str] = (),
+    max_article_words: int | None = None,
+    exclude: Sequence[str] = (),
 ) -> list[dict]:
     """Prompt/response examples `{"messages": [...], "response": str | None}` from a dataset.
 
-    `num_samples` draws that many rows at random (seeded); None keeps every row in order.
-    `prompt_template` (see `distill.common.prompts.apply_template`) rewrites each last user turn."""
-    rows = _load_rows(dataset, split, subset)
+    `num_samples` draws that many rows at random (seeded, as `datasets.Dataset.shuffle` draws them);
+    None keeps every row in order. `prompt_template`, or several `prompt_templates` taken in turn over
+    the drawn rows (see `distill.common.prompts.apply_template`), asks each prompt: a task adapter's
+    text (`template_fields`) inside it, else the last user turn. `max_article_words` cuts CNN/DM articles.
+    `exclude`: files whose prompts (`_identity`, read with the same adapter) are dropped before drawing.
+    `cnndm_train` reads only the rows distill.common.splits gives training. A bad row of a local file
+    is a DataFileError `FILE:LINE: problem` (every row is checked); of a Hub dataset, of the drawn rows."""
+    rows, where, columns = _load_rows(dataset, split, subset)
     if adapter is None:
-        adapter = detect_adapter(rows.column_names)
+        adapter = detect_adapter(columns)
     if adapter not in ADAPTERS:
         raise ValueError(f"unknown adapter {adapter!r}; choose one of {', '.join(ADAPTERS)}")
     required, to_example = ADAPTERS[adapter]
-    missing = [c for c in required if c not in rows.column_names]
+    missing = [c for c in required if c not in columns]
     if missing:
         raise ValueError(
-            f"adapter {adapter!r} needs columns {missing}, but {dataset} has {rows.column_names}: "
+            f"adapter {adapter!r} needs columns {missing}, but {dataset} has {columns}: "
             f"set data.adapter to the one its rows are written for ({', '.join(ADAPTERS)}), or rename the columns"
         )
     if len(rows) == 0:
         raise ValueError(f"dataset {dataset} has no rows: there is nothing to train or evaluate on; point the recipe at data with rows")
     for column in required:
-        empty = [i for i, value in enumerate(rows[column]) if value is None]
+        values = rows[column] if not isinstance(rows, list) else [row.get(column) for row in rows]
+        empty = [i for i, value in enumerate(values) if value is None]
         if empty:
-            raise ValueError(
-                f"{len(empty)} rows of {dataset} have no {column!r} (missing or null), which adapter {adapter!r} needs; "
+            raise DataFileError(
+                f"{where(empty[0])}: {len(empty)} rows of {dataset} have no {column!r} (missing or null), which adapter {adapter!r} needs; "
                 f"the first is row {empty[0] + 1}: fill those rows in or drop them"
             )
-    if num_samples is not None and num_samples < len(rows):
-        rows = rows.shuffle(seed=seed).select(range(num_samples))
+
+    def example(i: int) -> tuple[Messages, str | None]:
+        try:
+            messages, response = to_example(rows[i])
+        except (ValueError, TypeError, KeyError) as err:
+            raise DataFileError(f"{where(i)}: {err}") from None
+        if max_article_words is not None and adapter in ("cnndm", "cnndm_train"):
+            messages = _user(f"Summarize the following article.\n\n{truncate_words(rows[i]['article'], max_article_words)}")
+        return messages, response
+
+    if isinstance(rows, list):  # a local file: every row checked
+        for i in range(len(rows)):
+            example(i)
+    candidates = list(range(len(rows)))
+    if adapter == "cnndm_train":
+        candidates = positions(CNNDM_TRAIN_ROWS, len(rows))
+        if not candidates:
+            raise ValueError(
+                f"{dataset} has {len(rows)} rows; cnndm_train reads rows {CNNDM_TRAIN_ROWS.start}-{CNNDM_TRAIN_ROWS.stop - 1} "
+                "(the shared CNN/DM file's training rows, distill.common.splits): point it at that file"
+            )
+    if exclude:
+        held = {identity for path in exclude for identity in _identities(path, adapter)}
+        candidates = [i for i in candidates if _identity(adapter, rows[i], example(i)[0]) not in held]
+    if num_samples is not None and num_samples < len(candidates):
+        candidates = [candidates[j] for j in np.random.default_rng(seed).permutation(len(candidates))[:num_samples]]
+    templates = list(prompt_templates) or ([prompt_template] if prompt_template is not None else [])
     examples = []
-    for row in rows:
-        messages, response = to_example(row)
-        if prompt_template is not None:
-            last = max(i for i, turn in enumerate(messages) if turn["role"] == "user")
-            messages[last] = {**messages[last], "content": apply_template(prompt_template, messages[last]["content"])}
+    for k, i in enumerate(candidates):
+        messages, response = example(i)
+        if templates:
+            messages = _templated(adapter, rows[i], messages, templates[k % len(templates)], max_article_words, where(i))
         examples.append({"messages": messages, "response": response})
     return examples
+
+
+def _templated(adapter: str, row: dict, messages: Messages, template: str, max_article_words: int | None, where: str) -> Messages:
+    """The prompt asked under `template`: a task row's text (`template_fields`) as a one-turn chat, else
+    the last user turn of `messages` rewritten."""
+    fields = template_fields(adapter, row, max_article_words)
+    if fields is not None:
+        text = fields.pop("question")
+        if "{subject}" in TEMPLATES.get(template, template) and "subject" not in fields:
+            raise DataFileError(
+                f"{where}: template {template!r} asks for {{subject}}, which this row does not have; add a 'subject' field or choose another template"
+            )
+        return _user(apply_template(template, text, **fields))
+    messages = list(messages)
+    last = max(i for i, turn in enumerate(messages) if turn["role"] == "user")
+    messages[last] = {**messages[last], "content": apply_template(template, messages[last]["content"])}
+    return messages
+
+
+def _identities(path: str, adapter: str) -> set[str]:
+    """The prompts of an evaluation file (`exclude`), read with `adapter` (cnndm_train: as cnndm, every
+    row); a bad row of it is a DataFileError `FILE:LINE: problem` like any data file's."""
+    adapter = "cnndm" if adapter == "cnndm_train" else adapter
+    rows, _, _ = _load_rows(path, "train", None)
+    return {_identity(adapter, row, ex["messages"]) for row, ex in zip(rows, load_examples(path, adapter))}
+
+
+def source_counts(spec: DataSpec) -> list[int]:
+    """How many of `data.num_samples` prompts each of `data.sources` gives: by share, rounded by largest remainder."""
+    total = sum(source.share for source in spec.sources)
+    quota = [spec.num_samples * source.share / total for source in spec.sources]
+    counts = [int(q) for q in quota]
+    for i in sorted(range(len(quota)), key=lambda i: counts[i] - quota[i])[: spec.num_samples - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 # --------------------------------------------------------------------------- tokenization
@@ -607,7 +719,24 @@ def build_eval_dataset(spec: DataSpec, tokenizer, target=None, seed: int = 0, ke
 
 
 def _recipe_examples(spec: DataSpec, seed: int, which: str) -> list[dict]:
-    """The recipe's training rows, or its held-out rows (`eval_split`: a split of the dataset or a local file; none: [])."""
+    """The recipe's training rows (of data.dataset, or of each of data.sources its count, source after
+    source), or its held-out rows (`eval_split`: a split of the dataset or a local file; none: [])."""
+    if which == "train" and spec.sources:
+        return [
+            ex
+            for source, n in zip(spec.sources, source_counts(spec))
+            for ex in load_examples(
+                source.dataset,
+                source.adapter,
+                source.split,
+                n,
+                seed,
+                subset=source.subset,
+                prompt_templates=source.templates,
+                max_article_words=source.max_article_words,
+                exclude=source.exclude,
+            )
+        ]
     if which == "train":
         return load_examples(spec.dataset, spec.adapter, spec.split, spec.num_samples, seed, subset=spec.subset, prompt_template=spec.prompt_template)
     if spec.eval_split is None:

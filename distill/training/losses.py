@@ -13,6 +13,12 @@ logits and their gradient never exist at once). All of them:
 - divide both sides' logits by `temperature` (no T² rescaling; TRL's GKD has none either);
 - return the mean over the tokens where `mask` is True (all tokens when `mask` is None);
 - treat the teacher as a fixed target: no gradient flows into the teacher's inputs.
+
+A draft with a trimmed head (`draft_to_target`: row i scores target id draft_to_target[i], see
+`distill.common.trim`) is compared on its kept ids (`trimmed_vocab`): "renormalise" takes the teacher's
+distribution renormalised over the kept set; "other_bucket" adds one bucket for every other id, which
+the draft scores with one extra head row (its last). From a top-k teacher the kept top-k ids are buckets
+of their own, the cache's tail goes to the rest of the kept set, and top-k ids outside it to "other".
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from distill.common.trim import TRIMMED_LOSSES
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tvd")
 IGNORE_INDEX = -100
@@ -103,12 +111,32 @@ def sparse_log_probs(
 
 
 @dataclass(frozen=True)
+class _Trim:
+    """A trimmed student: `keep` [K] target ids of its first K rows, `lookup` [vocab] each id's row (-1
+    outside), `other` whether row K is an "other" bucket."""
+
+    keep: torch.Tensor
+    lookup: torch.Tensor
+    other: bool
+
+    @property
+    def width(self) -> int:
+        return self.keep.numel() + int(self.other)
+
+
+@dataclass(frozen=True)
 class _Spec:
     name: str
     beta: float
     temperature: float
     vocab_size: int
     divergence_weight: float = 1.0
+    trim: _Trim | None = None
+
+    @property
+    def student_width(self) -> int:
+        """The student logits compared: the shared vocabulary, or a trimmed head's rows."""
+        return self.vocab_size if self.trim is None else self.trim.width
 
 
 @dataclass
@@ -157,6 +185,8 @@ def _log_probs(spec: _Spec, logits: torch.Tensor, teacher: _Teacher) -> tuple[to
     """Student and teacher log-probs of a block of rows (logits already on the shared vocabulary,
     upcast): over the whole vocabulary for a dense teacher, over k+1 buckets for a top-k one."""
     t = spec.temperature
+    if spec.trim is not None:
+        return _trimmed_log_probs(spec, logits, teacher)
     if teacher.logits is not None:
         t_logits = _upcast(teacher.logits[:, : spec.vocab_size].detach())
         return torch.log_softmax(logits if t == 1 else logits / t, -1), torch.log_softmax(t_logits if t == 1 else t_logits / t, -1)
@@ -173,14 +203,63 @@ def token_divergence(
     temperature: float = 1.0,
     beta: float = 0.5,
     vocab_size: int | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    trimmed_vocab: str = "renormalise",
 ) -> torch.Tensor:
     """The divergence of each row [n] between student logits [n, V_s] and the teacher's rows (dense
     [n, V_t] or top-k [n, k]): what the mean losses above average, one value per token."""
     _check_options(name, beta, temperature, None)
     teacher = _teacher(student_logits.shape[:-1], teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
-    vocab = _resolve_vocab(vocab_size, student_logits.shape[-1], None if teacher.logits is None else teacher.logits.shape[-1])
-    spec = _Spec(name, float(beta), float(temperature), vocab)
-    return _divergence_fn(name, beta)(*_log_probs(spec, _upcast(student_logits[:, :vocab]), teacher))
+    v_s = student_logits.shape[-1]
+    vocab = _vocab_for(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1], draft_to_target is not None)
+    spec = _Spec(name, float(beta), float(temperature), vocab, trim=_trim(draft_to_target, trimmed_vocab, vocab, v_s, student_logits.device))
+    return _divergence_fn(name, beta)(*_log_probs(spec, _upcast(student_logits[:, : spec.student_width]), teacher))
+
+
+def _trimmed_log_probs(spec: _Spec, logits: torch.Tensor, teacher: _Teacher) -> tuple[torch.Tensor, torch.Tensor]:
+    """Student and teacher log-probs of a trimmed student's block of rows (logits [n, K(+1)], upcast).
+    Dense teacher: over the K kept ids (+ the other bucket), the teacher's tempered distribution
+    renormalised there (exact). Top-k teacher: buckets [the k top ids (kept ones only: an id outside the
+    set is log 0 on both sides), the rest of the kept set (takes the cache's tail mass), other (top-k mass
+    outside the set)], the teacher's buckets renormalised and tempered as `sparse_log_probs` does."""
+    trim, t = spec.trim, spec.temperature
+    k = trim.keep.numel()
+    s = logits if t == 1 else logits / t
+    if teacher.logits is not None:
+        full = _upcast(teacher.logits[:, : spec.vocab_size].detach())
+        full = full if t == 1 else full / t
+        kept = full.index_select(-1, trim.keep)
+        if trim.other:
+            kept = torch.cat([kept, full.index_fill(-1, trim.keep, -math.inf).logsumexp(-1, keepdim=True)], -1)
+        return torch.log_softmax(s, -1), torch.log_softmax(kept, -1).clamp(min=_LOG_ZERO)
+    ids, lps = teacher.topk_ids, _upcast(teacher.topk_logprobs.detach())
+    pos = trim.lookup[ids]
+    inside = pos >= 0
+    log_z = s.logsumexp(-1, keepdim=True)
+    hit = torch.zeros(s.shape[0], k + 1, dtype=torch.bool, device=s.device).scatter_(-1, torch.where(inside, pos, k), True)[:, :k]
+    student = [torch.where(inside, s.gather(-1, pos.clamp(min=0)) - log_z, _LOG_ZERO), s[:, :k].masked_fill(hit, _LOG_ZERO).logsumexp(-1, keepdim=True) - log_z]
+    if ids.shape[-1] >= spec.vocab_size:  # the whole vocabulary cached: no tail
+        tail = torch.full_like(lps[:, :1], -math.inf)
+    else:
+        tail = torch.log1p(-lps.exp().sum(-1, keepdim=True).clamp(max=1))
+    slots = torch.where(inside, lps, _LOG_ZERO)
+    if trim.other:
+        student.append(s[:, k:] - log_z)
+        buckets = [slots, tail, torch.where(inside, -math.inf, lps).logsumexp(-1, keepdim=True)]
+    else:  # all the cached mass outside the set: the unknown rest of the set takes the renormalised mass
+        empty = ~inside.any(-1, keepdim=True) & (tail == -math.inf)
+        buckets = [slots, tail.masked_fill(empty, 0.0)]
+    teacher_logp = torch.cat(buckets, -1).clamp(min=_LOG_ZERO)
+    teacher_logp = torch.log_softmax(teacher_logp if t == 1 else teacher_logp / t, -1)
+    return torch.cat(student, -1).clamp(min=_LOG_ZERO), teacher_logp.clamp(min=_LOG_ZERO)
+
+
+def _trimmed_labels(trim: _Trim, labels: torch.Tensor) -> torch.Tensor:
+    """Target-id labels as rows of a trimmed head: ids outside the set go to the other row, or are ignored."""
+    row = trim.lookup[labels.clamp(min=0)]
+    if trim.other:
+        row = torch.where(row < 0, trim.keep.numel(), row)
+    return torch.where((labels == IGNORE_INDEX) | (row < 0), IGNORE_INDEX, row)
 
 
 def _rows_loss(
@@ -192,8 +271,10 @@ def _rows_loss(
     labels: torch.Tensor | None,
 ) -> torch.Tensor:
     """Σ div_weight·divergence (+ Σ ce_weight·CE) over a block of rows; student_logits [n, V_s]."""
-    logits = _upcast(student_logits[:, : spec.vocab_size])
+    logits = _upcast(student_logits[:, : spec.student_width])
     student_logp, teacher_logp = _log_probs(spec, logits, teacher)
+    if spec.trim is not None and labels is not None:
+        labels = _trimmed_labels(spec.trim, labels)
     loss = logits[:0].sum()
     if spec.divergence_weight:
         loss = loss + spec.divergence_weight * (div_weight * _divergence_fn(spec.name, spec.beta)(student_logp, teacher_logp)).sum()
@@ -238,6 +319,35 @@ def _resolve_vocab(vocab_size: int | None, student_width: int, teacher_width: in
             f"(student {student_width}, teacher {teacher_width}): pass len(tokenizer), the shared real vocabulary"
         )
     return vocab_size
+
+
+def _vocab_for(vocab_size: int | None, student_width: int, teacher_width: int | None, trimmed: bool) -> int:
+    """The shared vocabulary; a trimmed student's logits are no bound on it (its teacher's width is)."""
+    if not trimmed:
+        return _resolve_vocab(vocab_size, student_width, teacher_width)
+    if vocab_size is None and teacher_width is None:
+        raise ValueError("a trimmed student with a top-k teacher needs vocab_size: pass len(tokenizer), the shared real vocabulary")
+    return _resolve_vocab(vocab_size, teacher_width if teacher_width is not None else vocab_size, teacher_width)
+
+
+def _trim(draft_to_target: torch.Tensor | None, mode: str, vocab: int, student_width: int, device: torch.device) -> _Trim | None:
+    """The trimmed student's spec from its map, checked against the vocabulary and the student's logits."""
+    if draft_to_target is None:
+        return None
+    if mode not in TRIMMED_LOSSES:
+        raise ValueError(f"trimmed_vocab={mode!r}: choose one of {', '.join(TRIMMED_LOSSES)}")
+    keep = torch.as_tensor(draft_to_target).to(device=device, dtype=torch.long)
+    if keep.dim() != 1 or keep.numel() == 0 or int(keep.min()) < 0 or int(keep.max()) >= vocab:
+        raise ValueError(f"draft_to_target must be a non-empty list of ids in [0, {vocab}) (the shared vocabulary)")
+    lookup = torch.full((vocab,), -1, dtype=torch.long, device=device)
+    lookup[keep] = torch.arange(keep.numel(), device=device)
+    if int((lookup >= 0).sum()) != keep.numel():
+        raise ValueError("draft_to_target repeats an id: each kept id has one row")
+    other = mode == "other_bucket"
+    if student_width != keep.numel() + other:
+        extra = " plus the other row" if other else ""
+        raise ValueError(f"the student has {student_width} logits but its head is trimmed to {keep.numel()} ids{extra}: {keep.numel() + other} expected")
+    return _Trim(keep, lookup, other)
 
 
 def _teacher(
@@ -327,19 +437,24 @@ def distillation_loss(
     chunk_size: int | None = None,
     vocab_size: int | None = None,
     divergence_weight: float = 1.0,
+    draft_to_target: torch.Tensor | None = None,
+    trimmed_vocab: str = "renormalise",
 ) -> torch.Tensor:
     """The combined objective: divergence_weight × mean divergence over `mask` + ce_weight × mean CE of the student's
     (untempered) logits on `labels` (aligned with the logits, already shifted; -100 ignored).
-    With chunk_size, rows are processed in chunks recomputed in backward (activation checkpointing)."""
+    With chunk_size, rows are processed in chunks recomputed in backward (activation checkpointing).
+    A trimmed student (`draft_to_target`, see the module's docstring) is compared on its kept ids; its CE
+    counts the labels in the set (and the others as the other row, with "other_bucket")."""
     _check_options(name, beta, temperature, chunk_size, ce_weight, divergence_weight)
     if student_logits.dim() < 2:
         raise ValueError(f"student_logits has shape {list(student_logits.shape)}, expected [B, T, V_s]")
     lead, v_s = student_logits.shape[:-1], student_logits.shape[-1]
     teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
-    vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
+    vocab = _vocab_for(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1], draft_to_target is not None)
     _check_ids(teacher, vocab)
     rows = _rows(lead, mask, labels, ce_weight, vocab, student_logits)
-    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight))
+    trim = _trim(draft_to_target, trimmed_vocab, vocab, v_s, student_logits.device)
+    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight), trim)
     flat = student_logits.reshape(-1, v_s)
     loss = flat[:0].sum()  # zero, on the graph: a batch with no counted token still backpropagates
     for start, end in rows.chunks(chunk_size):
@@ -415,7 +530,7 @@ class _FusedLinearLoss(torch.autograd.Function):
     def forward(ctx, hidden, weight, spec: _Spec, rows: _Rows, teacher: _Teacher, chunk_size: int | None, grad_mode: bool):
         need_h, need_w = grad_mode and ctx.needs_input_grad[0], grad_mode and ctx.needs_input_grad[1]
         dtype = _compute_dtype(hidden)
-        w = weight[: spec.vocab_size].to(dtype)
+        w = weight[: spec.student_width].to(dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
         total = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32), device=hidden.device)
@@ -430,7 +545,7 @@ class _FusedLinearLoss(torch.autograd.Function):
                 if need_h:
                     rows.put(grad_h, start, end, (g @ w).to(hidden.dtype))
                 if need_w:
-                    head = grad_w[: spec.vocab_size]
+                    head = grad_w[: spec.student_width]
                     if head.dtype == dtype:
                         head.addmm_(g.T, h)
                     else:
@@ -464,6 +579,8 @@ def fused_divergence(
     labels: torch.Tensor | None = None,
     ce_weight: float = 0.0,
     divergence_weight: float = 1.0,
+    draft_to_target: torch.Tensor | None = None,
+    trimmed_vocab: str = "renormalise",
 ) -> torch.Tensor:
     """`distillation_loss` of the logits student_hidden [B, T, H] @ lm_head_weight[V_s, H].T,
     computed `chunk_size` counted tokens at a time: at most chunk_size × V_s student logits exist at
@@ -476,10 +593,11 @@ def fused_divergence(
         )
     lead, v_s = student_hidden.shape[:-1], lm_head_weight.shape[0]
     teacher = _teacher(lead, teacher_logits, teacher_topk_ids, teacher_topk_logprobs)
-    vocab = _resolve_vocab(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1])
+    vocab = _vocab_for(vocab_size, v_s, None if teacher.logits is None else teacher.logits.shape[-1], draft_to_target is not None)
     _check_ids(teacher, vocab)
     rows = _rows(lead, mask, labels, ce_weight, vocab, student_hidden)
-    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight))
+    trim = _trim(draft_to_target, trimmed_vocab, vocab, v_s, student_hidden.device)
+    spec = _Spec(name, float(beta), float(temperature), vocab, float(divergence_weight), trim)
     hidden = student_hidden.reshape(-1, student_hidden.shape[-1])
     # Under no_grad (evaluation) the forward skips the gradient work it would otherwise do eagerly.
     return _FusedLinearLoss.apply(hidden, lm_head_weight, spec, rows, teacher, chunk_size, torch.is_grad_enabled())

@@ -24,10 +24,10 @@ from typing import Any, Literal, Union
 import yaml
 
 from distill.common.models import looks_local
-from distill.common.prompts import TEMPLATES
+from distill.common.prompts import TEMPLATES, TRAINING_TEMPLATES, held_out_names, template_problem
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
-Adapter = Literal["gsm8k", "mmlu", "cnndm", "messages", "prompt_response"]
+Adapter = Literal["gsm8k", "mmlu", "cnndm", "cnndm_train", "messages", "prompt_response"]
 Divergence = Literal["forward_kl", "reverse_kl", "jsd", "tvd"]
 
 DEFAULT_LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -132,6 +132,26 @@ class LoraSpec:
 
 
 @dataclass(kw_only=True)
+class DraftVocabSpec:
+    """A trimmed draft (distill.common.trim): its LM head keeps the K target ids most frequent in some text."""
+
+    size: int = field(
+        metadata={
+            "help": "K, the rows the draft's LM head keeps: the target ids most frequent in draft.vocab.count_from (special and chat-template "
+            "tokens always kept); the input embedding stays whole. At most the tokenizer's length.",
+            **_POSITIVE,
+        }
+    )
+    count_from: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL or plain-text files whose tokens are counted (JSONL: response-like fields, a generation cache's response_ids); "
+            "null: the training responses, the target's own (the seq-KD generation cache) when data.response_source is target."
+        },
+    )
+
+
+@dataclass(kw_only=True)
 class DraftSpec(ModelSpec):
     """The draft: pretrained weights (`name_or_path`) or a fresh random init from `config`; exactly one of the two."""
 
@@ -163,14 +183,70 @@ class DraftSpec(ModelSpec):
             "help": "With draft.lora: write draft/ as the base with the adapter merged in (a plain model any decoder loads); false: write the adapter alone."
         },
     )
+    vocab: DraftVocabSpec | None = field(
+        default=None,
+        metadata={
+            "help": "Train a draft whose LM head is cut to the K most frequent target ids (loss.trimmed_vocab says how it learns there); "
+            "draft/ then holds the map and the full head for a full-vocabulary export (distill publish); null: the whole vocabulary."
+        },
+    )
+
+
+@dataclass(kw_only=True)
+class DataSource:
+    """One data source of a mixed recipe (data.sources): where its rows come from, its share of the prompts, its templates."""
+
+    dataset: str = field(metadata={"help": "This source's rows: a Hub dataset id or a local .jsonl, .json or .parquet file."})
+    adapter: Adapter | None = field(
+        default=None,
+        metadata={"help": "How a row becomes a prompt and a response (see data.adapter; cnndm_train reads only CNN/DM's training rows); null: detected."},
+    )
+    subset: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration name; null: its only or default one."})
+    split: str = field(default="train", metadata={"help": "The split of this source's dataset; a local file has one split, train."})
+    share: float = field(
+        default=1.0,
+        metadata={
+            "help": "This source's share of data.num_samples (shares are normalised over the sources; counts are rounded by largest remainder).",
+            **_POSITIVE,
+        },
+    )
+    templates: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Instruction templates the prompts are asked with, taken in turn over the drawn rows (so each is used equally): names from "
+            "distill.common.prompts.TRAINING_TEMPLATES or strings with a {question} field; held-out templates are refused; []: prompts as the adapter gives them."
+        },
+    )
+    max_article_words: int | None = field(
+        default=512,
+        metadata={"help": "CNN/DM rows: the article is cut to this many words, as `distill accept` cuts it (512); null: whole.", **_POSITIVE},
+    )
+    exclude: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Evaluation files (.jsonl, .json, .parquet) read with the same adapter: a row whose question (MMLU: with its options; CNN/DM: its "
+            "article) is also one of theirs is dropped, so training never sees an evaluated prompt."
+        },
+    )
 
 
 @dataclass(kw_only=True)
 class DataSpec:
     """Where prompts and responses come from and how they are tokenized (see distill.training.data)."""
 
-    dataset: str = field(
-        metadata={"help": "The training data: a Hub dataset id (e.g. openai/gsm8k) or a local .jsonl, .json or .parquet file of rows."},
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "The training data: a Hub dataset id (e.g. openai/gsm8k) or a local .jsonl, .json or .parquet file of rows; "
+            "set this or data.sources, not both."
+        },
+    )
+    sources: list[DataSource] = field(
+        default_factory=list,
+        metadata={
+            "help": "Several datasets mixed instead of data.dataset: each with its adapter, share of data.num_samples and templates "
+            "(data.adapter, data.subset, data.prompt_template and data.eval_split stay unset then); []: data.dataset alone."
+        },
     )
     subset: str | None = field(
         default=None, metadata={"help": "The Hub dataset's configuration name (e.g. main for openai/gsm8k); null: its only or default one."}
@@ -178,7 +254,8 @@ class DataSpec:
     adapter: Adapter | None = field(
         default=None,
         metadata={
-            "help": "How a row becomes a prompt and a response: gsm8k, mmlu or cnndm (those datasets' Hub columns), messages (a chat `messages` list; "
+            "help": "How a row becomes a prompt and a response: gsm8k, mmlu or cnndm (those datasets' Hub columns; cnndm_train: cnndm reading only "
+            "the rows distill.common.splits leaves to training, 200-573 of the shared test file), messages (a chat `messages` list; "
             "a last assistant turn is the response) or prompt_response (`prompt` and an optional `response` column); null: detected from the columns."
         },
     )
@@ -191,7 +268,12 @@ class DataSpec:
     )
     split: str = field(default="train", metadata={"help": "The split of data.dataset to train on; a local file has one split, train."})
     num_samples: int | None = field(
-        default=None, metadata={"help": "Training rows drawn at random (seeded by `seed`) from the split; null: every row, in order.", **_POSITIVE}
+        default=None,
+        metadata={
+            "help": "Training rows drawn at random (seeded by `seed`) from the split; null: every row, in order. With data.sources (required then): "
+            "the prompts of the mix, split between the sources by share.",
+            **_POSITIVE,
+        },
     )
     eval_split: str | None = field(
         default=None,
@@ -359,6 +441,14 @@ class LossSpec:
     token_selection: TokenSelectionSpec | None = field(
         default=None,
         metadata={"help": "AdaSPEC: take the divergence only on the tokens a reference draft shows are learnable (training only); null: every response token."},
+    )
+    trimmed_vocab: Literal["renormalise", "other_bucket"] = field(
+        default="renormalise",
+        metadata={
+            "help": "With a trimmed draft (draft.vocab): renormalise compares it with the target's distribution renormalised over the kept ids; "
+            "other_bucket adds one bucket for every other id, scored by an extra head row that is dropped when draft/ is saved (the two measured "
+            "the same within seed noise on the tiny pair: docs/benchmarks.md)."
+        },
     )
 
 
@@ -584,6 +674,62 @@ def _cross_checks(r: Recipe) -> list[str]:
             f"data.prompt_template: {r.data.prompt_template!r} is neither a task name ({', '.join(TEMPLATES)}) "
             "nor a string with a {question} field where the prompt goes"
         )
+    if r.data.prompt_template is not None and (held := held_out_names(r.data.prompt_template)):
+        errors.append(f"data.prompt_template: {held[0]!r} is held out of training (distill.common.prompts.HELD_OUT_TEMPLATES); {_training_names()}")
+    return errors + _source_checks(r.data) + _vocab_checks(r)
+
+
+def _vocab_checks(r: Recipe) -> list[str]:
+    """A trimmed draft (draft.vocab) against the keys it cannot serve."""
+    if r.draft.vocab is None:
+        return []
+    errors = []
+    if r.loss.lmbda > 0:
+        errors.append("draft.vocab: on-policy batches (loss.lmbda > 0) sample with transformers' generate over the whole vocabulary; set loss.lmbda: 0")
+    if r.loss.token_selection is not None:
+        errors.append("draft.vocab: AdaSPEC (loss.token_selection) compares full-vocabulary drafts; unset one of the two")
+    if r.draft.lora is not None and not r.draft.merge_on_save:
+        errors.append("draft.vocab: an adapter alone cannot carry the trimmed head; set draft.merge_on_save: true")
+    if r.draft.lora is not None and r.loss.trimmed_vocab == "other_bucket":
+        errors.append("loss.trimmed_vocab: other_bucket trains an extra head row, which a LoRA run keeps frozen with the head; use renormalise")
+    return errors
+
+
+def _training_names() -> str:
+    return "train with one of " + ", ".join(name for names in TRAINING_TEMPLATES.values() for name in names) + " or a string with a {question} field"
+
+
+def _source_checks(data: DataSpec) -> list[str]:
+    """data.sources against data.dataset and the rest of data, and each source's templates."""
+    if not data.sources:
+        return [] if data.dataset else ["data: set data.dataset (one dataset) or data.sources (a mix), the data to train on"]
+    errors = []
+    if data.dataset:
+        errors.append("data: set data.dataset (one dataset) or data.sources (a mix), not both")
+    for key, per_source in (("adapter", "adapter"), ("subset", "subset"), ("prompt_template", "templates")):
+        if getattr(data, key) is not None:
+            errors.append(f"data.{key}: leave it unset with data.sources; set data.sources[i].{per_source} per source")
+    if data.eval_split is not None:
+        errors.append("data.eval_split: leave it unset with data.sources: a mix is measured by `distill accept` on the tasks' evaluation rows")
+    if data.num_samples is None:
+        errors.append("data.num_samples: required with data.sources: the number of prompts, split between the sources by their shares")
+    elif data.num_samples < len(data.sources):
+        errors.append(f"data.num_samples: {data.num_samples} is fewer than the {len(data.sources)} sources")
+    for i, source in enumerate(data.sources):
+        task = {"cnndm_train": "cnndm"}.get(source.adapter, source.adapter)
+        errors += [
+            f"data.sources[{i}].exclude: {path!r} is not a local .jsonl, .json or .parquet file (the evaluation's rows)"
+            for path in source.exclude
+            if Path(path).suffix.lower() not in (".jsonl", ".json", ".parquet")
+        ]
+        for template in source.templates:
+            problem = template_problem(template, task if task in TRAINING_TEMPLATES else None)
+            if problem:
+                errors.append(f"data.sources[{i}].templates: {problem}")
+            elif held := held_out_names(template):
+                errors.append(
+                    f"data.sources[{i}].templates: {held[0]!r} is held out of training (distill.common.prompts.HELD_OUT_TEMPLATES); {_training_names()}"
+                )
     return errors
 
 
@@ -596,6 +742,9 @@ def check_paths(recipe: Recipe) -> None:
         ("data.dataset", recipe.data.dataset),
         ("data.eval_split", recipe.data.eval_split),
         ("loss.token_selection.reference", recipe.loss.token_selection and recipe.loss.token_selection.reference),
+        *((f"draft.vocab.count_from[{i}]", path) for i, path in enumerate((recipe.draft.vocab and recipe.draft.vocab.count_from) or [])),
+        *((f"data.sources[{i}].dataset", source.dataset) for i, source in enumerate(recipe.data.sources)),
+        *((f"data.sources[{i}].exclude", path) for i, source in enumerate(recipe.data.sources) for path in source.exclude),
     ]
     missing = [
         f"{key}: {value} does not exist (relative paths are read from {os.getcwd()}); fix the path or create it first"

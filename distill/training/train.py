@@ -38,11 +38,12 @@ from transformers import (
     set_seed,
 )
 
+from distill.common import trim
 from distill.common.io import atomic_write, swap_folder
 from distill.common.models import ModelLoadError, load_model, load_target, load_target_tokenizer, load_tokenizer
 from distill.common.provenance import versions
 from distill.common.vocab import check_tokenizers_agree
-from distill.training import losses
+from distill.training import losses, trimmed
 from distill.training.data import DataCollatorForDistill, build_eval_dataset, build_train_dataset, check_context, generate_share
 from distill.training.recipe import check_paths, save_recipe
 from distill.training.selection import TokenSelection
@@ -115,6 +116,8 @@ class DistillTrainer(Trainer):
             raise ValueError("on-policy batches (loss.lmbda > 0) need the online teacher: set teacher.mode: online, or loss.lmbda: 0")
         self.loss_spec = loss
         self.vocab_size = vocab_size
+        self.trimmed = trimmed.loss_kwargs(model, getattr(loss, "trimmed_vocab", "renormalise"))  # {} unless the head is trimmed (draft.vocab)
+        self._outside = torch.zeros(2, dtype=torch.float64)  # evaluation: [teacher mass outside the kept ids, tokens]
         self.max_length = max_length
         self.eval_data_collator = eval_data_collator
         self.teacher = prepare_teacher(teacher, self.accelerator) if teacher is not None else None
@@ -175,8 +178,8 @@ class DistillTrainer(Trainer):
         spec = self.loss_spec
         common = dict(mask=mask, temperature=spec.temperature, beta=spec.beta, vocab_size=self.vocab_size)
         if "teacher_topk_ids" in signal:
-            return {**common, "teacher_topk_ids": signal["teacher_topk_ids"], "teacher_topk_logprobs": signal["teacher_topk_logprobs"]}
-        return {**common, "teacher_logits": signal["teacher_logits"]}
+            return {**common, "teacher_topk_ids": signal["teacher_topk_ids"], "teacher_topk_logprobs": signal["teacher_topk_logprobs"], **self.trimmed}
+        return {**common, "teacher_logits": signal["teacher_logits"], **self.trimmed}
 
     def _fused_ok(self, causal_lm: PreTrainedModel) -> bool:
         head = causal_lm.get_output_embeddings()
@@ -243,9 +246,14 @@ class DistillTrainer(Trainer):
         """[sum of TVD, count of equal argmaxes, token count] over the masked positions (temperature 1,
         shared vocabulary), `chunk_size` positions at a time. Exact with the online teacher's logits;
         from a cache, TVD over its k+1 buckets (a lower bound, so acceptance reads slightly high)."""
+        V = self.vocab_size
+        if self.trimmed:  # a trimmed draft proposes nothing outside its kept ids: compare it as the decoder runs it
+            ids = self.trimmed["draft_to_target"]
+            self._outside += trimmed.outside_mass(signal, mask, ids, V, self.loss_spec.chunk_size).to(self._outside.device)
+            kept_logits_at = student_logits_at
+            student_logits_at = lambda sel: trim.expand_logits(kept_logits_at(sel), ids, V)  # noqa: E731
         rows, cols = mask.nonzero(as_tuple=True)
         total = torch.zeros(3, dtype=torch.float64, device=mask.device)
-        V = self.vocab_size
         for c in range(0, len(rows), self.loss_spec.chunk_size):
             sel = (rows[c : c + self.loss_spec.chunk_size], cols[c : c + self.loss_spec.chunk_size])
             s = student_logits_at(sel).float()
@@ -347,7 +355,12 @@ class DistillTrainer(Trainer):
         self, dataloader: Any, description: str, prediction_loss_only: bool | None = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ):
         self._eval_stats = torch.zeros(3, dtype=torch.float64, device=self.args.device)
+        self._outside = torch.zeros(2, dtype=torch.float64, device=self.args.device)
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        if self.trimmed:
+            outside, count = self.accelerator.reduce(self._outside, reduction="sum").tolist()
+            if count > 0:
+                output.metrics[f"{metric_key_prefix}_teacher_mass_outside"] = outside / count
         tvd, agree, n = self.accelerator.reduce(self._eval_stats, reduction="sum").tolist()  # every rank takes part
         if n > 0:
             output.metrics[f"{metric_key_prefix}_expected_acceptance"] = 1.0 - tvd / n
@@ -504,6 +517,11 @@ def build_trainer(recipe: Any, callbacks: Sequence[TrainerCallback] = ()) -> Dis
         eval_ds = build_eval_dataset(recipe.data, tokenizer, target=generator, seed=recipe.seed)
     eval_ds = _columns(eval_ds) if eval_ds is not None else None
 
+    if recipe.draft.vocab is not None:
+        if zero3:
+            raise ValueError("draft.vocab: ZeRO-3 partitions the head that is cut; train a trimmed draft on one GPU, DDP or ZeRO-2")
+        trimmed.trim_draft(model, recipe.draft.vocab, recipe.loss.trimmed_vocab, tokenizer, train_ds)
+
     collator = DataCollatorForDistill(tokenizer)
     eval_collator = None
     if mode == "cache":
@@ -572,6 +590,8 @@ def save_draft(trainer: DistillTrainer, recipe: Any) -> Path:
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(tmp)
         (tmp / "training_args.bin").unlink(missing_ok=True)
+        if trim.draft_to_target(model) is not None:  # a trimmed head: its map and full head, the head cut to its K rows
+            trim.save_trim_files(model, tmp)
         swap_folder(tmp, out)
     trainer.accelerator.wait_for_everyone()
     return out
@@ -690,7 +710,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"distill train: error: {err}", file=sys.stderr)
         return 2
-    shown = {k: v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "eval_expected_acceptance", "eval_top1_agreement")}
+    shown = {
+        k: v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "eval_expected_acceptance", "eval_top1_agreement", "eval_teacher_mass_outside")
+    }
     print(json.dumps(shown, indent=2))
     return 0
 

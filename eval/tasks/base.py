@@ -7,17 +7,14 @@ template) and scores one generated text against the example's reference.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
+from distill.common.datafiles import check_rows, hub_rows, read_rows
 
 Message = dict[str, str]
-
-# Local file suffixes and the `datasets` builder that reads them.
-_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
@@ -55,30 +52,14 @@ def load_rows(
     config: str | None,
     split: str,
     data_file: str | Path | None,
-    columns: Sequence[str],
-) -> datasets.Dataset:
-    """Rows from `data_file` (JSONL, JSON or Parquet) when given, else `hub_id`/`config`/`split`.
-
-    A local file is one split, so `split` applies to the Hub only. Missing columns are an error.
-    """
-    if data_file is None:
-        ds = datasets.load_dataset(hub_id, config, split=split)
-        source = f"{hub_id} ({config}, {split})"
-    else:
-        path = Path(data_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"data file {str(path)!r} does not exist; pass an existing file")
-        builder = _FILE_BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise ValueError(f"data file {str(path)!r} has an unsupported suffix {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}")
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
-        source = str(path)
-    missing = [c for c in columns if c not in ds.column_names]
-    if missing:
-        raise ValueError(f"{source} lacks column(s) {missing}; it has {ds.column_names}. The file needs the same columns as {hub_id}: {list(columns)}")
-    if len(ds) == 0:
-        raise ValueError(f"{source} has no rows")
-    return ds
+    check: Callable[[dict[str, Any]], str | None],
+) -> list[dict[str, Any]]:
+    """Rows from `data_file` (JSONL, JSON or Parquet) when given, else `hub_id`/`config`/`split`, each
+    checked by `check` (the problem with a row, or None): a bad row, or a line that is not JSON, is a
+    DataFileError `FILE:LINE: problem`. A local file is one split, so `split` applies to the Hub only."""
+    rows = hub_rows(hub_id, config, split) if data_file is None else read_rows(data_file)
+    check_rows(rows, check)
+    return [row for _, row in rows]
 
 
 def check_num_samples(num_samples: int | None) -> None:

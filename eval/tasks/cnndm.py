@@ -11,6 +11,10 @@ from pathlib import Path
 
 from rouge_score import rouge_scorer
 
+from distill.common.datafiles import text_field
+from distill.common.prompts import CNNDM, apply_template, truncate_words
+from distill.common.splits import CNNDM_EVAL_ROWS, CNNDM_TRAIN_ROWS, positions
+
 from .base import Task, TaskExample, load_rows, sample_indices
 
 HUB_ID = "abisee/cnn_dailymail"
@@ -20,7 +24,8 @@ MAX_NEW_TOKENS = 128
 DEFAULT_MAX_ARTICLE_WORDS = 512
 METRIC_NAME = "rougeL"
 
-PROMPT = "Summarize the following news article in three sentences.\n\n{article}"
+PROMPT = CNNDM.replace("{question}", "{article}")
+EVAL_ROWS, TRAIN_ROWS = CNNDM_EVAL_ROWS, CNNDM_TRAIN_ROWS  # declared in distill.common.splits
 
 
 @functools.cache
@@ -34,12 +39,9 @@ def rouge_l(prediction: str, reference: str) -> float:
     return _scorer().score(reference, prediction)["rougeL"].fmeasure
 
 
-def truncate_words(text: str, max_words: int | None) -> str:
-    """`text` cut to its first `max_words` whitespace-separated words (whole when None or short)."""
-    words = text.split()
-    if max_words is None or len(words) <= max_words:
-        return text.strip()
-    return " ".join(words[:max_words])
+def check_row(row: dict) -> str | None:
+    """The problem with a CNN/DailyMail row (article, highlights, id), or None."""
+    return text_field(row, "article", "CNN/DailyMail") or text_field(row, "highlights", "CNN/DailyMail") or text_field(row, "id", "CNN/DailyMail")
 
 
 def load(
@@ -48,23 +50,28 @@ def load(
     seed: int = 0,
     split: str = "test",
     max_article_words: int | None = DEFAULT_MAX_ARTICLE_WORDS,
+    template: str = "cnndm",
 ) -> list[TaskExample]:
     """CNN/DailyMail articles as summarisation prompts; the reference is the highlights.
 
-    Reads `abisee/cnn_dailymail` (3.0.0) or a local file with `article`, `highlights`, `id`.
-    Articles are cut to `max_article_words` words (None keeps them whole).
+    Reads `abisee/cnn_dailymail` (3.0.0) or a local file with `article`, `highlights`, `id`; only the
+    evaluation's rows (`EVAL_ROWS`, the first 200: the rest of the shared file may train, see
+    distill.common.splits) are sampled. Articles are cut to `max_article_words` words (None keeps
+    them whole). `template`: a name from `distill.common.prompts.TEMPLATES` or a string with a
+    {question} field where the article goes (default: the task's own prompt).
     """
     if max_article_words is not None and max_article_words < 1:
         raise ValueError(f"max_article_words must be a positive integer or None, got {max_article_words}")
-    ds = load_rows(HUB_ID, HUB_CONFIG, split, data_file, ["article", "highlights", "id"])
+    rows = load_rows(HUB_ID, HUB_CONFIG, split, data_file, check_row)
+    eligible = positions(EVAL_ROWS, len(rows))
     examples = []
-    for index in sample_indices(len(ds), num_samples, seed):
-        row = ds[index]
+    for index in sample_indices(len(eligible), num_samples, seed):
+        row = rows[eligible[index]]
         article = truncate_words(row["article"], max_article_words)
         examples.append(
             TaskExample(
                 id=f"cnndm-{row['id']}",
-                messages=[{"role": "user", "content": PROMPT.format(article=article)}],
+                messages=[{"role": "user", "content": apply_template(template, article)}],
                 reference=row["highlights"],
             )
         )

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from distill.common import prompts
+from distill.common.datafiles import text_field
 
 from .base import Task, TaskExample, load_rows, sample_indices
 
@@ -68,29 +69,36 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
+def check_row(row: dict) -> str | None:
+    """The problem with a GSM8K row (a question, and an answer ending in `#### <number>`), or None."""
+    problem = text_field(row, "question", "GSM8K") or text_field(row, "answer", "GSM8K")
+    if problem is None and extract_strict(row["answer"]) is None:
+        problem = f"'answer' has no '#### <number>' gold answer: {row['answer'][-80:]!r}; end it with '#### N'"
+    return problem
+
+
 def load(
     data_file: str | Path | None = None,
     num_samples: int | None = DEFAULT_NUM_SAMPLES,
     seed: int = 0,
     split: str = "test",
+    template: str = "gsm8k",
 ) -> list[TaskExample]:
     """GSM8K problems as chat prompts; the reference is the gold final number.
 
     Reads `openai/gsm8k` (main) or a local file with `question` and `answer` columns;
-    `num_samples=None` keeps every problem.
+    `num_samples=None` keeps every problem. `template`: a name from `distill.common.prompts.TEMPLATES`
+    or a string with a {question} field (default: the task's own prompt).
     """
-    ds = load_rows(HUB_ID, HUB_CONFIG, split, data_file, ["question", "answer"])
+    rows = load_rows(HUB_ID, HUB_CONFIG, split, data_file, check_row)
     examples = []
-    for index in sample_indices(len(ds), num_samples, seed):
-        row = ds[index]
-        gold = extract_strict(row["answer"])
-        if gold is None:
-            raise ValueError(f"GSM8K row {index} has no '#### <number>' gold answer in its 'answer' column: {row['answer'][-80:]!r}")
+    for index in sample_indices(len(rows), num_samples, seed):
+        row = rows[index]
         examples.append(
             TaskExample(
                 id=f"gsm8k-{split if data_file is None else 'file'}-{index}",
-                messages=[{"role": "user", "content": PROMPT.format(question=row["question"])}],
-                reference=gold,
+                messages=[{"role": "user", "content": prompts.apply_template(template, row["question"])}],
+                reference=extract_strict(row["answer"]),
                 meta={"solution": row["answer"]},
             )
         )

@@ -1,8 +1,9 @@
 """MMLU: four-option questions over 57 subjects, scored by matching the predicted option letter.
 
 The sample is stratified by subject (proportional, at least one per subject when the sample is
-large enough). The prompt is 0-shot, or k-shot with k solved questions of the same subject as
-earlier chat turns: from the Hub's dev split, or from the data file's other rows.
+large enough) and nested (a smaller sample is the start of a larger one). The prompt is 0-shot, or
+k-shot with k solved questions of the same subject as earlier chat turns: from the dev split (its
+file given as `fewshot_file`, or the Hub's), or from the data file's other rows.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import datasets
+from distill.common.datafiles import text_field
+from distill.common.prompts import MMLU, apply_template, format_mmlu_question
 
 from .base import Task, TaskExample, check_num_samples, load_rows
 
@@ -24,7 +26,7 @@ MAX_NEW_TOKENS = 16
 METRIC_NAME = "accuracy"
 LETTERS = "ABCD"
 
-HEADER = "The following are multiple choice questions about {subject}. Answer with the letter (A, B, C or D) of the correct option."
+HEADER = MMLU.split("\n\n", 1)[0]  # the task's own prompt (distill.common.prompts.MMLU) before the question
 
 # "The answer is (B)", "Answer: B", "answer is B." ...
 _EXPLICIT = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*)?:?\s*\(?([A-D])\b")
@@ -43,42 +45,52 @@ def extract_letter(text: str) -> str | None:
     return None
 
 
-def allocate(counts: dict[str, int], num_samples: int, seed: int) -> dict[str, int]:
-    """How many items to draw per subject: proportional to `counts` by largest remainder, at
-    least one per subject when `num_samples` allows it, never more than a subject holds.
-
-    With fewer samples than subjects, `seed` picks which subjects get one item each.
-    """
+def _draw_subjects(counts: dict[str, int], num_samples: int, seed: int) -> list[str]:
+    """The subject of each of the first `num_samples` draws of one seeded stratified order: first one
+    item of every subject (in a seeded order of subjects), then, item by item, the subject furthest
+    below its proportional share of the items drawn so far (ties: the earlier in that order). Each
+    prefix is itself such a draw, so a smaller sample is the start of a larger one."""
     subjects = sorted(counts)
     total = sum(counts.values())
-    if num_samples >= total:
+    order = random.Random(seed).sample(subjects, len(subjects))
+    rank = {s: i for i, s in enumerate(order)}
+    drawn = order[:num_samples]
+    taken = dict.fromkeys(subjects, 0)
+    for s in drawn:
+        taken[s] += 1
+    for t in range(len(drawn) + 1, num_samples + 1):
+        left = [s for s in subjects if taken[s] < counts[s]]
+        s = max(left, key=lambda s: (t * counts[s] / total - taken[s], -rank[s]))
+        taken[s] += 1
+        drawn.append(s)
+    return drawn
+
+
+def allocate(counts: dict[str, int], num_samples: int, seed: int) -> dict[str, int]:
+    """How many items the first `num_samples` of the stratified order (`_draw_subjects`) take per
+    subject: proportional to `counts`, at least one per subject when `num_samples` allows it, never
+    more than a subject holds. With fewer samples than subjects, `seed` picks which subjects get one."""
+    if num_samples >= sum(counts.values()):
         return dict(counts)
-    if num_samples < len(subjects):
-        chosen = random.Random(seed).sample(subjects, num_samples)
-        return {s: int(s in chosen) for s in subjects}
-    quota = {s: num_samples * counts[s] / total for s in subjects}
-    alloc = {s: min(counts[s], max(1, int(quota[s]))) for s in subjects}
-    while sum(alloc.values()) < num_samples:
-        s = max((s for s in subjects if alloc[s] < counts[s]), key=lambda s: quota[s] - alloc[s])
+    alloc = dict.fromkeys(counts, 0)
+    for s in _draw_subjects(counts, num_samples, seed):
         alloc[s] += 1
-    while sum(alloc.values()) > num_samples:
-        s = min((s for s in subjects if alloc[s] > 1), key=lambda s: quota[s] - alloc[s])
-        alloc[s] -= 1
     return alloc
 
 
 def stratified_indices(subjects: list[str], num_samples: int | None, seed: int) -> list[int]:
-    """Row indices stratified by subject (see `allocate`), drawn with `seed`, in dataset order."""
+    """Row indices stratified by subject (see `_draw_subjects`), each subject's rows in a seeded order,
+    in the order drawn: nested, so the first 200 of a seed are the first 200 of its 500 (the runs of
+    one study share prompts). All rows, in dataset order, when `num_samples` covers them."""
     check_num_samples(num_samples)
     if num_samples is None or num_samples >= len(subjects):
         return list(range(len(subjects)))
     by_subject: dict[str, list[int]] = defaultdict(list)
     for index, subject in enumerate(subjects):
         by_subject[subject].append(index)
-    alloc = allocate({s: len(rows) for s, rows in by_subject.items()}, num_samples, seed)
     rng = random.Random(seed)
-    picked = [i for s in sorted(by_subject) for i in rng.sample(by_subject[s], alloc[s])]
-    return sorted(picked)
+    queues = {s: rng.sample(by_subject[s], len(by_subject[s])) for s in sorted(by_subject)}
+    return [queues[s].pop(0) for s in _draw_subjects({s: len(rows) for s, rows in by_subject.items()}, num_samples, seed)]
 
 
 def _answer_letter(row: dict) -> str:
@@ -86,28 +98,45 @@ def _answer_letter(row: dict) -> str:
     answer = row["answer"]
     if isinstance(answer, str) and answer.strip().upper() in LETTERS:
         return answer.strip().upper()
-    if isinstance(answer, int) and 0 <= answer < len(LETTERS):
+    if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(LETTERS):
         return LETTERS[answer]
     raise ValueError(f"MMLU 'answer' must be an index 0-3 or a letter A-D, got {answer!r}")
+
+
+def check_row(row: dict) -> str | None:
+    """The problem with an MMLU row (question, subject, 4 choices, answer 0-3 or A-D), or None."""
+    problem = text_field(row, "question", "MMLU") or text_field(row, "subject", "MMLU")
+    if problem:
+        return problem
+    choices = row.get("choices")
+    if not isinstance(choices, list) or len(choices) != len(LETTERS) or not all(isinstance(c, str) for c in choices):
+        return f"'choices' must be a list of 4 texts, got {choices!r:.120}"
+    if "answer" not in row or row["answer"] is None:
+        return "no 'answer' field; MMLU rows need it (an index 0-3 or a letter A-D)"
+    try:
+        _answer_letter(row)
+    except ValueError:
+        return f"'answer' {row['answer']!r} is out of range: use an index 0-3 or a letter A-D"
+    return None
 
 
 def format_question(row: dict) -> str:
     """The question followed by its lettered options and "Answer:"."""
     if len(row["choices"]) != len(LETTERS):
         raise ValueError(f"MMLU rows need exactly 4 choices, got {len(row['choices'])}: {row['question'][:60]!r}")
-    options = "\n".join(f"{letter}. {choice}" for letter, choice in zip(LETTERS, row["choices"]))
-    return f"{row['question'].strip()}\n{options}\nAnswer:"
+    return format_mmlu_question(row["question"], row["choices"])
 
 
-def build_messages(row: dict, shots: list[dict]) -> list[dict[str, str]]:
-    """Chat turns: the subject header, then each shot as a user question and the assistant's
-    letter, then the question to answer."""
-    header = HEADER.format(subject=row["subject"].replace("_", " "))
+def build_messages(row: dict, shots: list[dict], template: str = "mmlu") -> list[dict[str, str]]:
+    """Chat turns: the first question inside `template` (default the task's own: the subject header),
+    each shot as a user question and the assistant's letter, then the question to answer."""
     turns = [*shots, row]
     messages = []
     for i, turn in enumerate(turns):
         content = format_question(turn)
-        messages.append({"role": "user", "content": f"{header}\n\n{content}" if i == 0 else content})
+        if i == 0:
+            content = apply_template(template, content, subject=row["subject"].replace("_", " "))
+        messages.append({"role": "user", "content": content})
         if i < len(shots):
             messages.append({"role": "assistant", "content": _answer_letter(turn)})
     return messages
@@ -119,32 +148,36 @@ def load(
     seed: int = 0,
     split: str = "test",
     num_fewshot: int = 0,
+    fewshot_file: str | Path | None = None,
+    template: str = "mmlu",
 ) -> list[TaskExample]:
     """MMLU questions as chat prompts, stratified by subject; the reference is the gold letter.
 
-    Reads `cais/mmlu` (all) or a local file with `question`, `subject`, `choices`, `answer`.
-    Shots come from the Hub's dev split, or from the file's first other rows of the same subject.
+    Reads `cais/mmlu` (all) or a local file with `question`, `subject`, `choices`, `answer`. Shots come
+    from `fewshot_file` (the dev split's file: the first rows of the same subject), else the Hub's dev
+    split, or with a data file and no shot file the file's first other rows of the same subject.
+    `template`: a name from `distill.common.prompts.TEMPLATES` or a string with a {question} (and
+    optional {subject}) field, asked in the first user turn (default: the task's own prompt).
     """
     if num_fewshot < 0:
         raise ValueError(f"num_fewshot must be 0 or more, got {num_fewshot}")
-    ds = load_rows(HUB_ID, HUB_CONFIG, split, data_file, COLUMNS)
-    subjects = list(ds["subject"])
-    indices = stratified_indices(subjects, num_samples, seed)
-    shot_pool = _shot_pool(ds if data_file is not None else None, num_fewshot)
+    rows = load_rows(HUB_ID, HUB_CONFIG, split, data_file, check_row)
+    indices = stratified_indices([row["subject"] for row in rows], num_samples, seed)
+    own_pool = data_file is not None and fewshot_file is None
+    shot_pool = _shot_pool(rows if own_pool else None, fewshot_file, num_fewshot)
     examples = []
     for index in indices:
-        row = ds[index]
-        own = index if data_file is not None else None
-        candidates = [r for i, r in shot_pool.get(row["subject"], []) if i != own]
+        row = rows[index]
+        candidates = [r for i, r in shot_pool.get(row["subject"], []) if not (own_pool and i == index)]
         if len(candidates) < num_fewshot:
             raise ValueError(
                 f"MMLU subject {row['subject']!r} has {len(candidates)} other example(s) for "
-                f"num_fewshot={num_fewshot}; lower num_fewshot or add rows of that subject"
+                f"num_fewshot={num_fewshot}; lower num_fewshot or add rows of that subject" + (f" to {fewshot_file}" if fewshot_file is not None else "")
             )
         examples.append(
             TaskExample(
                 id=f"mmlu-{row['subject']}-{split if data_file is None else 'file'}-{index}",
-                messages=build_messages(row, candidates[:num_fewshot]),
+                messages=build_messages(row, candidates[:num_fewshot], template),
                 reference=_answer_letter(row),
                 meta={"subject": row["subject"]},
             )
@@ -152,11 +185,11 @@ def load(
     return examples
 
 
-def _shot_pool(file_rows: datasets.Dataset | None, num_fewshot: int) -> dict[str, list[tuple[int, dict]]]:
-    """Candidate shots by subject, as (row index, row): the file's own rows, or the Hub dev split."""
+def _shot_pool(file_rows: list[dict] | None, fewshot_file: str | Path | None, num_fewshot: int) -> dict[str, list[tuple[int, dict]]]:
+    """Candidate shots by subject, as (row index, row): the data file's own rows, the shot file's, or the Hub dev split's."""
     if num_fewshot == 0:
         return {}
-    rows = file_rows if file_rows is not None else load_rows(HUB_ID, HUB_CONFIG, "dev", None, COLUMNS)
+    rows = file_rows if file_rows is not None else load_rows(HUB_ID, HUB_CONFIG, "dev", fewshot_file, check_row)
     pool: dict[str, list[tuple[int, dict]]] = defaultdict(list)
     for i, row in enumerate(rows):
         pool[row["subject"]].append((i, row))

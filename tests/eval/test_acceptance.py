@@ -435,3 +435,23 @@ def test_drafts_are_compared_by_their_paired_difference(greedy_run):
         assert c["acceptance_rate"]["value"] == pytest.approx(own - small) and c["acceptance_rate"]["outside_noise"]
         assert c["decode_speedup"]["prompts"] == 2
     assert "| gsm8k | self − small |" in (out / "report.md").read_text()
+
+
+def test_templates_are_reported_per_label_and_reuse_the_calls_of_their_prompts(setup):
+    """A finished run asked again under --template: the default template's calls are the journalled ones
+    (the same prompts), only the new template's prompts are decoded, and each is a row of the report."""
+    root, files = setup
+    out = root / "templated"
+    args = _args(root, {"gsm8k": files["gsm8k"]}, out)
+    args[args.index("--tasks") + 1] = "gsm8k"
+    assert main(args) == 0
+    before = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if '"key"' in line]
+    assert main([*args, "--template", "gsm8k=default,plain"]) == 0
+    after = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if '"key"' in line]
+    assert after[: len(before)] == before and {r["task"] for r in after[len(before) :]} == {"gsm8k@plain"}
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["target_only"]) == ["gsm8k@default", "gsm8k@plain"]
+    assert report["settings"]["templates_per_task"] == {"gsm8k@default": "gsm8k", "gsm8k@plain": "gsm8k-plain"}
+    for label in ("gsm8k@default", "gsm8k@plain"):
+        assert report["drafts"]["self"]["tasks"][label]["acceptance_rate"] == 1.0 and report["drafts"]["self"]["tasks"][label]["num_prompts"] == 2
+    assert "## gsm8k@plain" in (out / "report.md").read_text()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from distill.common.io import DataFileError
 from distill.eval.tasks import TASKS, TaskExample, cnndm, get_task, gsm8k, mmlu
 
 GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
@@ -162,7 +163,7 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"unsupported suffix '\.csv'"):
         gsm8k.load(data_file=csv)
     wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"prompt": "q", "answer": "#### 1"}])
-    with pytest.raises(ValueError, match=r"lacks column\(s\) \['question'\]"):
+    with pytest.raises(DataFileError, match=r"wrong\.jsonl:1: no 'question' field"):
         gsm8k.load(data_file=wrong)
     good = write_jsonl(tmp_path / "good.jsonl", gsm8k_rows(3))
     with pytest.raises(ValueError, match="num_samples must be a positive integer"):
@@ -315,3 +316,97 @@ def test_registry_holds_the_three_tasks_with_their_defaults():
 def test_unknown_task_name_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown task 'gsm9k'; choose one of \['cnndm', 'gsm8k', 'mmlu'\]"):
         get_task("gsm9k")
+
+
+# --- the real files, templates, shots, data-file errors ----------------------------------------
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"the shared data folder is not at {SHARED}")
+
+
+@needs_shared
+def test_the_three_tasks_load_from_the_real_files():
+    from distill.common.splits import CNNDM_EVAL_ROWS
+
+    gsm = gsm8k.load(data_file=SHARED / "gsm8k" / "test.jsonl", num_samples=30)
+    assert len(gsm) == 30 and all(re.fullmatch(r"-?\d+", e.reference) for e in gsm)
+    assert gsm[0].messages[0]["content"].startswith("Solve the following math problem.")
+    test, dev = SHARED / "mmlu" / "test.jsonl", SHARED / "mmlu" / "dev.jsonl"
+    zero = mmlu.load(data_file=test, num_samples=200)
+    assert len(zero) == 200 and len({e.meta["subject"] for e in zero}) == 57  # stratified: every subject
+    assert [e.id for e in zero] == [e.id for e in mmlu.load(data_file=test, num_samples=500)][:200]  # nested
+    five = mmlu.load(data_file=test, num_samples=57, num_fewshot=5, fewshot_file=dev)
+    dev_rows = [json.loads(line) for line in dev.read_text().splitlines()]
+    for e in five:
+        turns = e.messages
+        assert [m["role"] for m in turns] == ["user", "assistant"] * 5 + ["user"]
+        shots = [r for r in dev_rows if r["subject"] == e.meta["subject"]]
+        assert [m["content"] for m in turns[1::2]] == ["ABCD"[r["answer"]] for r in shots]  # the dev file's five, in order
+        assert turns[2]["content"].startswith(shots[1]["question"].strip())
+    rows = [json.loads(line) for line in (SHARED / "cnndm" / "test.jsonl").read_text().splitlines()]
+    news = cnndm.load(data_file=SHARED / "cnndm" / "test.jsonl", num_samples=40)
+    eval_ids = {f"cnndm-{rows[i]['id']}" for i in CNNDM_EVAL_ROWS}
+    assert len(news) == 40 and {e.id for e in news} <= eval_ids
+    assert {e.id for e in cnndm.load(data_file=SHARED / "cnndm" / "test.jsonl", num_samples=None)} == eval_ids  # every eval row, no other
+    assert max(len(e.messages[0]["content"].split()) for e in news) <= cnndm.DEFAULT_MAX_ARTICLE_WORDS + 10
+
+
+def test_mmlu_samples_are_nested_and_stratified(tmp_path):
+    path = write_jsonl(tmp_path / "mmlu.jsonl", mmlu_rows({"anatomy": 30, "astronomy": 10, "virology": 5, "law": 55}))
+    full = [e.id for e in mmlu.load(data_file=path, num_samples=99, seed=4)]
+    for n in (1, 3, 4, 10, 33, 60, 98):
+        got = mmlu.load(data_file=path, num_samples=n, seed=4)
+        assert [e.id for e in got] == full[:n]
+        counts = Counter(e.meta["subject"] for e in got)
+        if n >= 4:
+            assert set(counts) == {"anatomy", "astronomy", "virology", "law"}
+            assert all(abs(counts[s] - n * k / 100) < 1.5 for s, k in (("anatomy", 30), ("astronomy", 10), ("virology", 5), ("law", 55)))
+    assert full != [e.id for e in mmlu.load(data_file=path, num_samples=99, seed=5)]
+
+
+def test_templates_ask_each_task_another_way(tmp_path):
+    from distill.common.prompts import TEMPLATES
+
+    g = write_jsonl(tmp_path / "g.jsonl", gsm8k_rows(3))
+    (boxed,) = gsm8k.load(data_file=g, num_samples=1, template="gsm8k-boxed")
+    assert boxed.messages[0]["content"].endswith("put your final answer within \\boxed{}.") and boxed.messages[0]["content"].startswith("What is")
+    assert gsm8k.load(data_file=g, num_samples=1, template="{question}?!")[0].messages[0]["content"].endswith("??!")
+    assert gsm8k.load(data_file=g, num_samples=1)[0].messages == gsm8k.load(data_file=g, num_samples=1, template="gsm8k")[0].messages
+    m = write_jsonl(tmp_path / "m.jsonl", mmlu_rows({"high_school_biology": 6}))
+    exam = mmlu.load(data_file=m, num_samples=1, template="mmlu-exam", num_fewshot=2)[0].messages
+    assert exam[0]["content"].startswith("You are taking an exam in high school biology.") and exam[0]["content"].endswith("Answer:")
+    assert not any("exam" in turn["content"] for turn in exam[1:])  # the instruction opens the chat once, as the header does
+    assert mmlu.load(data_file=m, num_samples=1)[0].messages[0]["content"].startswith(TEMPLATES["mmlu"].split("{subject}")[0])
+    c = write_jsonl(tmp_path / "c.jsonl", cnndm_rows(2))
+    assert cnndm.load(data_file=c, num_samples=None, template="cnndm-tldr", max_article_words=3)[0].messages[0]["content"] == "Article 0 w0\n\nTL;DR:"
+
+
+@pytest.mark.parametrize(
+    ("task", "rows", "line", "problem"),
+    [
+        ("gsm8k", [*gsm8k_rows(2), "not json"], 3, r"not JSON"),
+        ("gsm8k", [*gsm8k_rows(1), {"question": "q"}], 2, r"no 'answer' field"),
+        ("gsm8k", [{"question": "q", "answer": 5}], 1, r"'answer' is a int, not text"),
+        ("mmlu", [*mmlu_rows({"a": 2}), {**mmlu_rows({"a": 1})[0], "answer": 4}], 3, r"'answer' 4 is out of range: use an index 0-3 or a letter A-D"),
+        ("mmlu", [{**mmlu_rows({"a": 1})[0], "choices": ["x", "y"]}], 1, r"'choices' must be a list of 4 texts"),
+        ("mmlu", [{**mmlu_rows({"a": 1})[0], "answer": True}], 1, r"'answer' True is out of range"),
+        ("cnndm", [*cnndm_rows(3), {"article": "a", "highlights": "h"}], 4, r"no 'id' field"),
+    ],
+)
+def test_a_bad_row_names_its_file_and_line(tmp_path, task, rows, line, problem):
+    path = tmp_path / f"{task}.jsonl"
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    with pytest.raises(DataFileError, match=rf"^{re.escape(str(path))}:{line}: {problem}"):
+        get_task(task).load(data_file=path)
+
+
+def test_a_bad_shot_file_names_its_line_and_too_few_shots_name_the_file(tmp_path):
+    data = write_jsonl(tmp_path / "test.jsonl", mmlu_rows({"anatomy": 2}))
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps(mmlu_rows({"anatomy": 1})[0]) + "\n{oops\n")
+    with pytest.raises(DataFileError, match=rf"^{re.escape(str(dev))}:2: not JSON"):
+        mmlu.load(data_file=data, num_fewshot=1, fewshot_file=dev)
+    write_jsonl(dev, mmlu_rows({"anatomy": 1}))
+    assert len(mmlu.load(data_file=data, num_fewshot=1, fewshot_file=dev)[1].messages) == 3  # the shot comes from dev, not the data file
+    with pytest.raises(ValueError, match=rf"has 1 other example\(s\) for num_fewshot=5.*to {re.escape(str(dev))}"):
+        mmlu.load(data_file=data, num_fewshot=5, fewshot_file=dev)

@@ -20,7 +20,7 @@ from distill.training.data import (
     load_examples,
     tokenize_example,
 )
-from distill.training.recipe import DataSpec
+from distill.training.recipe import DataSource, DataSpec
 
 GSM8K_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
@@ -366,3 +366,171 @@ def test_build_eval_dataset_from_a_local_file(tmp_path, tokenizer, examples):
     texts = {e["response"] + "<|im_end|>" for e in examples[10:40]}
     assert all(response_text(tokenizer, row) in texts for row in ds)
     assert build_eval_dataset(DataSpec(dataset=train), tokenizer) is None
+
+
+# --------------------------------------------------------------------------- sources, templates, splits, data-file errors
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"the shared data folder is not at {SHARED}")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_draws_are_the_rows_datasets_shuffle_draws(tmp_path):
+    """Local files are read row by row now; the rows a seed draws stay those of `Dataset.shuffle` (the
+    prompts, and so the generation caches, of recipes trained before)."""
+    from datasets import Dataset
+
+    rows = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(40)]
+    path = write_jsonl(tmp_path / "n.jsonl", rows)
+    for seed, n in ((0, 7), (3, 39)):
+        want = Dataset.from_list(rows).shuffle(seed=seed).select(range(n))
+        assert [e["messages"][0]["content"] for e in load_examples(path, num_samples=n, seed=seed)] == [r["prompt"] for r in want]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "rows", "line", "problem"),
+    [
+        ("gsm8k", [{"question": "q", "answer": "a"}, "{broken"], 2, r"not JSON"),
+        (
+            "mmlu",
+            [{"question": "q", "choices": ["a", "b"], "answer": 1}, {"question": "q", "choices": ["a", "b"], "answer": 2}],
+            2,
+            r"mmlu answer must be a choice index or letter, got 2 for 2 choices \(out of range\)",
+        ),
+        ("mmlu", [{"question": "q", "choices": "ab", "answer": 0}], 1, r"mmlu 'choices' must be a list of texts"),
+        ("cnndm", [{"article": "a", "highlights": "h"}, {"article": 3, "highlights": "h"}], 2, r"'article' is a int, not text"),
+        ("prompt_response", [{"prompt": "p"}, {"prompt": "p", "response": ["r"]}], 2, r"'response' is a list, not text"),
+    ],
+)
+def test_a_bad_training_row_names_its_file_and_line(tmp_path, adapter, rows, line, problem):
+    from distill.common.io import DataFileError
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    with pytest.raises(DataFileError, match=rf"^{path}:{line}: {problem}"):
+        load_examples(str(path), adapter, num_samples=1)  # every row of a file is checked, drawn or not
+
+
+def test_distill_train_reports_a_bad_data_line_in_one_line_and_exit_2(tiny_run, capsys):
+    from distill.cli import main
+
+    run = tiny_run("bad-line", train_rows=4, eval_rows=2, training={"max_steps": 1})
+    lines = (run / "train.jsonl").read_text().splitlines()
+    lines[2] = json.dumps({"prompt": "x", "response": 3})
+    (run / "train.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["train", str(run.write_recipe("bad"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and err[-1] == f"distill train: error: {run / 'train.jsonl'}:3: 'response' is a int, not text"
+
+
+def _task_rows(tmp_path) -> dict[str, str]:
+    return {
+        "gsm8k": write_jsonl(tmp_path / "g.jsonl", [{"question": f"g{i} ?", "answer": f"#### {i}"} for i in range(20)]),
+        "mmlu": write_jsonl(
+            tmp_path / "m.jsonl",
+            [{"question": f"m{i} ?", "subject": "high_school_physics", "choices": ["w", "x", "y", "z"], "answer": i % 4} for i in range(10)],
+        ),
+        "cnndm": write_jsonl(tmp_path / "c.jsonl", [{"article": f"story {i} " + "word " * 30, "highlights": f"h{i}", "id": f"id{i}"} for i in range(250)]),
+    }
+
+
+def test_sources_mix_by_share_with_templates_in_turn(tmp_path):
+    from distill.training.data import _recipe_examples, source_counts
+
+    files = _task_rows(tmp_path)
+    spec = DataSpec(
+        num_samples=10,
+        sources=[
+            DataSource(dataset=files["gsm8k"], adapter="gsm8k", share=2, templates=["gsm8k", "gsm8k-brief"]),
+            DataSource(dataset=files["mmlu"], adapter="mmlu", share=1, templates=["mmlu-brief"]),
+            DataSource(dataset=files["cnndm"], adapter="cnndm_train", share=1, templates=["cnndm"], max_article_words=4),
+        ],
+    )
+    assert source_counts(spec) == [5, 3, 2] and sum(source_counts(DataSpec(num_samples=7, sources=spec.sources))) == 7
+    examples = _recipe_examples(spec, 0, "train")
+    texts = [e["messages"][0]["content"] for e in examples]
+    assert len(examples) == 10 and all(len(e["messages"]) == 1 for e in examples)
+    assert [t.startswith("Solve the following math problem.") for t in texts[:5]] == [True, False, True, False, True]  # gsm8k, gsm8k-brief in turn
+    assert texts[1].startswith("Answer this word problem.") and [e["response"] for e in examples[:1]] == [examples[0]["response"]]
+    assert texts[5] == "A question on high school physics. Reply with the letter of the correct option only.\n\n" + texts[5].split("\n\n", 1)[1]
+    assert texts[5].endswith("\nA. w\nB. x\nC. y\nD. z\nAnswer:")  # the MMLU text as `distill accept` asks it
+    for text in texts[8:]:
+        assert text.startswith("Summarize the following news article in three sentences.\n\nstory ") and len(text.split("\n\n")[1].split()) == 4
+        assert int(text.split("\n\n")[1].split()[1]) >= 200  # cnndm_train: the training rows only
+
+
+def test_a_task_template_asks_training_prompts_exactly_as_the_evaluation_asks(tmp_path):
+    """Under a task's template a training row becomes the prompt `distill accept` asks for that row."""
+    from distill.eval.tasks import get_task
+
+    files = _task_rows(tmp_path)
+    for task, adapter, template in (
+        ("gsm8k", "gsm8k", "gsm8k-plain"),
+        ("mmlu", "mmlu", "mmlu"),
+        ("mmlu", "mmlu", "mmlu-exam"),
+        ("cnndm", "cnndm", "cnndm-tldr"),
+    ):
+        trained = load_examples(files[task], adapter, prompt_template=template, max_article_words=5)
+        asked = get_task(task).load(data_file=files[task], num_samples=None, template=template, **({"max_article_words": 5} if task == "cnndm" else {}))
+        assert [e["messages"] for e in trained[: len(asked)]] == [e.messages for e in asked], (task, template)
+
+
+def test_exclude_drops_the_evaluations_prompts_and_cnndm_train_needs_its_rows(tmp_path):
+    files = _task_rows(tmp_path)
+    evaluated = write_jsonl(tmp_path / "test.jsonl", [{"question": f"g{i}  ?", "answer": "#### 1"} for i in range(0, 20, 2)])
+    kept = load_examples(files["gsm8k"], "gsm8k", exclude=[evaluated])
+    assert [e["messages"][0]["content"] for e in kept] == [f"g{i} ?" for i in range(1, 20, 2)]  # whitespace does not hide a repeat
+    short = write_jsonl(tmp_path / "short.jsonl", [{"article": "a", "highlights": "h", "id": "x"}] * 10)
+    with pytest.raises(ValueError, match="has 10 rows; cnndm_train reads rows 200-573"):
+        load_examples(short, "cnndm_train")
+    assert len(load_examples(files["cnndm"], "cnndm_train")) == 50
+
+
+def test_a_template_rewrites_a_chat_rows_last_user_turn_and_subject_needs_a_subject(tmp_path):
+    from distill.common.io import DataFileError
+
+    path = write_jsonl(tmp_path / "pr.jsonl", [{"prompt": "hello", "response": "hi"}])
+    assert load_examples(path, prompt_templates=["Say: {question}"])[0]["messages"] == [{"role": "user", "content": "Say: hello"}]
+    nosubject = write_jsonl(tmp_path / "m.jsonl", [{"question": "q", "choices": ["a", "b", "c", "d"], "answer": 0}])
+    with pytest.raises(DataFileError, match=r"m.jsonl:1: template 'mmlu' asks for \{subject\}"):
+        load_examples(nosubject, "mmlu", prompt_template="mmlu")
+
+
+@needs_shared
+def test_cnndm_evaluation_and_training_rows_are_disjoint_on_the_real_file():
+    from distill.common.splits import CNNDM_EVAL_ROWS, CNNDM_ROWS, CNNDM_TRAIN_ROWS
+    from distill.eval.tasks import cnndm
+
+    path = SHARED / "cnndm" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == CNNDM_ROWS and set(CNNDM_EVAL_ROWS) | set(CNNDM_TRAIN_ROWS) == set(range(CNNDM_ROWS))
+    by_highlights = {r["highlights"]: r["id"] for r in rows}
+    evaluated = {e.id.removeprefix("cnndm-") for e in cnndm.load(data_file=path, num_samples=None)}
+    trained = {by_highlights[e["response"]] for e in load_examples(str(path), "cnndm_train")}
+    assert len(evaluated) == 200 and len(trained) == 374 and not evaluated & trained
+    assert evaluated == {rows[i]["id"] for i in CNNDM_EVAL_ROWS} and trained == {rows[i]["id"] for i in CNNDM_TRAIN_ROWS}
+
+
+@needs_shared
+def test_the_mix_recipe_never_trains_on_an_evaluated_prompt_and_its_prompts_fit():
+    from transformers import AutoTokenizer
+
+    from distill.eval.tasks import cnndm, gsm8k, mmlu
+    from distill.training.data import _recipe_examples, source_counts
+    from distill.training.recipe import load_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "qwen2.5-coder-0.5b-from-1.5b-mix-cpu.yaml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        examples = _recipe_examples(recipe.data, recipe.seed, "train")
+    counts = source_counts(recipe.data)
+    assert counts == [128, 64, 64] and len(examples) == 256
+    asked = {" ".join(e["messages"][0]["content"].split()) for e in examples}
+    for task, path in ((gsm8k, "gsm8k/test.jsonl"), (mmlu, "mmlu/test.jsonl"), (cnndm, "cnndm/test.jsonl")):
+        for template in ("gsm8k", "mmlu", "cnndm"):
+            if template == task.TASK.name:
+                evaluated = {" ".join(e.messages[0]["content"].split()) for e in task.load(data_file=SHARED / path, num_samples=None, template=template)}
+                assert not asked & evaluated, task.TASK.name
+    tok = AutoTokenizer.from_pretrained(SHARED / "qwen2.5-tokenizer")
+    lengths = [len(tok.apply_chat_template(e["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]) for e in examples]
+    assert max(lengths) <= recipe.data.max_prompt_length  # a truncated article fits whole

@@ -178,15 +178,35 @@ def test_every_shipped_recipe_loads(path):
     r = load_recipe(path)
     assert r.training.max_steps > 0
     costs = _cost_section(path.name)
-    if path.name.startswith("qwen2.5-coder"):  # the real CPU pair: distilled on GSM8K train, never test
+    if path.name.startswith("qwen2.5-coder"):  # the real CPU pair: distilled on training rows, never evaluated ones
         assert r.target.name_or_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and r.draft.name_or_path == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
-        assert r.data.split == "train" and r.data.prompt_template == "gsm8k" and "tokens/s" in costs
+        assert "tokens/s" in costs
+        if r.data.sources:
+            _check_mix(r)
+        else:
+            assert r.data.split == "train" and r.data.prompt_template == "gsm8k"
     elif path.name.startswith("qwen2.5"):
         assert r.target.name_or_path == "Qwen/Qwen2.5-7B-Instruct" and r.target.dtype == "bfloat16"
         assert r.draft.name_or_path.startswith("Qwen/Qwen2.5-") and r.training.bf16
         assert "GB" in costs and "tokens/s" in costs and "FLOP" in costs  # the cost arithmetic is stated
     else:
         assert "FLOP" in costs
+
+
+def _check_mix(r: Recipe) -> None:
+    """A mixed recipe: each task's training side only (GSM8K train, MMLU validation without test's
+    questions, CNN/DM's training rows), under training templates only."""
+    from distill.common.prompts import HELD_OUT_TEMPLATES, TRAINING_TEMPLATES
+
+    sources = {s.adapter: s for s in r.data.sources}
+    assert set(sources) == {"gsm8k", "mmlu", "cnndm_train"}
+    assert sources["gsm8k"].dataset.endswith("gsm8k/train.jsonl") and sources["mmlu"].dataset.endswith("mmlu/validation.jsonl")
+    assert sources["mmlu"].exclude == ["../shared/data/mmlu/test.jsonl"] and sources["cnndm_train"].max_article_words == 512
+    held = {n for names in HELD_OUT_TEMPLATES.values() for n in names}
+    for adapter, source in sources.items():
+        task = adapter.removesuffix("_train")
+        assert source.templates == list(TRAINING_TEMPLATES[task]) and not held & set(source.templates)
+    assert r.data.num_samples == 256 and r.data.response_source == "target" and r.data.generation_cache and r.teacher.mode == "cache"
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
@@ -217,7 +237,7 @@ def _declared(cls: type = Recipe, prefix: str = "") -> dict[str, dataclasses.Fie
 
 def test_every_recipe_key_carries_its_help():
     declared = _declared()
-    assert {"seed", "data.max_length", "draft.lora.r", "loss.token_selection.keep_fraction", "loss.lmbda"} <= set(declared)
+    assert {"seed", "data.max_length", "draft.lora.r", "loss.token_selection.keep_fraction", "loss.lmbda", "data.sources.templates"} <= set(declared)
     missing = [path for path, f in declared.items() if not str(f.metadata.get("help", "")).strip()]
     assert not missing, f"recipe keys without a help in their declaration: {missing}"
 
@@ -369,3 +389,38 @@ def test_zero_configs_build_the_deepspeed_plugin(name, stage, monkeypatch):
     assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto"
     assert plugin.zero3_init_flag == (stage == 3)
     assert zero["stage3_gather_16bit_weights_on_model_save"] == (stage == 3)
+
+
+# --------------------------------------------------------------------------- data.sources
+
+
+def _mix(**data) -> dict:
+    recipe = copy.deepcopy(MINIMAL)
+    del recipe["data"]["dataset"]
+    recipe["data"] = {"num_samples": 8, "sources": [{"dataset": "a.jsonl", "adapter": "gsm8k", "templates": ["gsm8k", "gsm8k-brief"]}], **data}
+    return recipe
+
+
+def test_sources_validate_and_refuse_held_out_templates():
+    r = load_recipe(_mix())
+    assert r.data.dataset is None and r.data.sources[0].templates == ["gsm8k", "gsm8k-brief"] and r.data.sources[0].share == 1.0
+    assert "data: set data.dataset (one dataset) or data.sources (a mix), not both" in errors_of(_mix(dataset="x.jsonl"))
+    neither = copy.deepcopy(MINIMAL)
+    del neither["data"]["dataset"]
+    assert "data: set data.dataset (one dataset) or data.sources (a mix), the data to train on" in errors_of(neither)
+    assert "data.num_samples: required with data.sources" in errors_of(_mix(num_samples=None))
+    assert "data.adapter: leave it unset with data.sources; set data.sources[i].adapter" in errors_of(_mix(adapter="gsm8k"))
+    assert "data.eval_split: leave it unset with data.sources" in errors_of(_mix(eval_split="e.jsonl"))
+    bad = _mix()
+    bad["data"]["sources"][0]["templates"] = ["gsm8k-boxed", "{question}", "mmlu", "nope"]
+    message = errors_of(bad)
+    assert "data.sources[0].templates: 'gsm8k-boxed' is held out of training" in message and "train with one of gsm8k, gsm8k-brief" in message
+    assert "data.sources[0].templates: 'gsm8k-plain' is held out of training" in message  # a held-out template's text, unnamed
+    assert "'mmlu' uses {subject}, which only MMLU rows give" in message and "'nope' is neither a template name" in message
+    assert "data.prompt_template: 'mmlu-exam' is held out of training" in errors_of(with_("data.prompt_template", "mmlu-exam"))
+    bad = _mix()
+    bad["data"]["sources"][0] |= {"shares": 2, "exclude": ["openai/gsm8k"]}
+    message = errors_of(bad)
+    assert "data.sources[0].shares: unknown key; did you mean 'data.sources[0].share'?" in message
+    bad["data"]["sources"][0].pop("shares")
+    assert "data.sources[0].exclude: 'openai/gsm8k' is not a local .jsonl, .json or .parquet file" in errors_of(bad)

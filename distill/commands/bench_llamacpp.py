@@ -1,0 +1,391 @@
+"""scripts/bench_llamacpp.py: llama.cpp's own speculative decoding with this project's drafts as GGUFs.
+
+For each GSM8K prompt of the evaluation's sample (eval/tasks/gsm8k.py, the first `--num-prompts` of its
+seeded draw: the prompts `distill accept` measured), greedy:
+
+- the target alone: `llama-completion -m TARGET.gguf -p PROMPT -n N --temp 0 -no-cnv --verbose-prompt`,
+  whose printed prompt ids are checked equal to this project's tokenization of the same chat prompt;
+- each draft: `llama-speculative-simple -m TARGET.gguf -md DRAFT.gguf --spec-type draft-simple
+  --spec-draft-n-min K --spec-draft-n-max K --draft-p-min 0 ...` (exactly K draft tokens every round;
+  the older `--draft-min/--draft-max` are removed in this llama.cpp build).
+
+Drafts are `NAME=PATH`: a `.gguf` is used as is (e.g. the original Q4_K_M base); a model folder or training
+output is exported first with `distill export-gguf` in each `--outtypes` (f16,q8_0), named NAME-f16 and so
+on. Pooled over the prompts: acceptance (n_accept / n_drafted), tokens/s (decoded tokens / decode seconds)
+and the speedup over the target alone, beside this project's decoder's acceptance from a `distill accept`
+report of the same prompts (`--ours`). The report is JSON (`--json`); llama.cpp's tools are found in
+`--llama-cpp DIR` (or DIR/build/bin, DIR/bin) or on PATH, and when absent the benchmark is skipped with a
+message (exit 0). The parsing reads the lines llama.cpp's examples/speculative-simple and
+tools/completion print (llama.cpp vendored in llama-cpp-python 0.3.36).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from distill.commands.export_gguf import OUTTYPES, export_gguf
+from distill.common.docs import markdown_table
+from distill.common.io import write_json
+from distill.common.models import ModelLoadError, load_tokenizer
+from distill.common.provenance import MachineLoad, describe, versions, warn
+
+TOOLS = ("llama-completion", "llama-speculative-simple")
+BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
+DEFAULT_DATA = "../shared/data/gsm8k/test.jsonl"
+Runner = Callable[[list[str]], str]  # runs one llama.cpp command, returns its stdout + stderr
+
+
+class LlamaCppOutputError(ValueError):
+    """llama.cpp printed something this parser cannot read (another version, or the run failed)."""
+
+
+@dataclass
+class SpeculativeRun:
+    """One `llama-speculative-simple` run, as it reports itself."""
+
+    n_input: int
+    n_predict: int
+    seconds: float
+    n_draft: int
+    n_drafted: int
+    n_accept: int
+
+
+@dataclass
+class TargetRun:
+    """One `llama-completion` run of the target alone: its prompt ids and its decode timing."""
+
+    prompt_ids: list[int]
+    n_eval: int
+    eval_ms: float
+
+
+def _number(pattern: str, text: str, what: str, cast: Callable[[str], Any] = int) -> Any:
+    found = re.findall(pattern, text, flags=re.MULTILINE)
+    if not found:
+        raise LlamaCppOutputError(f"no {what} in llama.cpp's output (expected a line matching {pattern!r}); the run failed or printed another format")
+    return cast(found[-1])
+
+
+def parse_speculative(text: str) -> SpeculativeRun:
+    """The `decoded N tokens in S seconds`, `n_draft`, `n_drafted` and `n_accept` lines of llama-speculative-simple."""
+    decoded = re.findall(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    if not decoded:
+        raise LlamaCppOutputError("no 'decoded N tokens in S seconds' line in llama-speculative-simple's output; the run failed or printed another format")
+    n_predict, seconds = int(decoded[-1][0]), float(decoded[-1][1])
+    return SpeculativeRun(
+        n_input=_number(r"encoded\s+(\d+) tokens in", text, "'encoded N tokens' line"),
+        n_predict=n_predict,
+        seconds=seconds,
+        n_draft=_number(r"^.*\bn_draft\s+=\s+(\d+)\s*$", text, "n_draft"),
+        n_drafted=_number(r"^.*\bn_drafted\s+=\s+(\d+)\s*$", text, "n_drafted"),
+        n_accept=_number(r"^.*\bn_accept\s+=\s+(\d+)\s*$", text, "n_accept"),
+    )
+
+
+def parse_completion(text: str) -> TargetRun:
+    """llama-completion's `--verbose-prompt` ids (`number of tokens in prompt = N`, then N lines `ID -> 'piece'`)
+    and its `eval time = X ms / N runs` line (prompt processing excluded)."""
+    head = re.search(r"number of tokens in prompt = (\d+)", text)
+    if head is None:
+        raise LlamaCppOutputError("no 'number of tokens in prompt = N' line in llama-completion's output: run it with --verbose-prompt")
+    n = int(head.group(1))
+    ids = [int(m) for m in re.findall(r"^(?:[\d.]+ [A-Z] )?\s*(-?\d+) -> '", text[head.end() :], flags=re.MULTILINE)[:n]]  # LOG_INF may prefix a timestamp
+    if len(ids) != n:
+        raise LlamaCppOutputError(f"llama-completion announced {n} prompt tokens but printed {len(ids)}")
+    evals = re.findall(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs", text)
+    if not evals:
+        raise LlamaCppOutputError("no 'eval time = X ms / N runs' line in llama-completion's output; the run failed or printed another format")
+    return TargetRun(ids, int(evals[-1][1]), float(evals[-1][0]))
+
+
+def find_tools(directory: str | os.PathLike | None = None) -> dict[str, Path] | None:
+    """llama.cpp's tools in `directory` (or its build/bin, bin), else on PATH; None when any is missing."""
+    found = {}
+    for tool in TOOLS:
+        if directory is not None:
+            candidates = [Path(directory) / sub / tool for sub in (".", "build/bin", "bin")]
+            path = next((p for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
+        else:
+            which = shutil.which(tool)
+            path = Path(which) if which else None
+        if path is None:
+            return None
+        found[tool] = path
+    return found
+
+
+def skip_message(directory: str | os.PathLike | None = None) -> str:
+    """What the benchmark prints when llama.cpp is absent."""
+    where = f"in --llama-cpp {directory} (or its build/bin, bin)" if directory is not None else "on PATH (or pass --llama-cpp DIR)"
+    return f"bench_llamacpp: skipped: llama.cpp's {' and '.join(TOOLS)} not found {where}; {BUILD_HINT}"
+
+
+def subprocess_runner(timeout: float) -> Runner:
+    """Run a command, returning stdout + stderr; a failure is a LlamaCppOutputError naming the command and its last lines."""
+
+    def run(cmd: list[str]) -> str:
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+        text = done.stdout + "\n" + done.stderr
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise LlamaCppOutputError(f"{Path(cmd[0]).name} exited {done.returncode}: {tail}")
+        return text
+
+    return run
+
+
+def speculative_args(k: int) -> list[str]:
+    """Exactly `k` draft tokens every round, greedy drafting (this llama.cpp build's spelling)."""
+    return ["--spec-type", "draft-simple", "--spec-draft-n-min", str(k), "--spec-draft-n-max", str(k), "--draft-p-min", "0"]
+
+
+def common_args(max_new_tokens: int, threads: int, ctx: int, extra: Sequence[str]) -> list[str]:
+    return ["-n", str(max_new_tokens), "--temp", "0", "--seed", "0", "-t", str(threads), "-c", str(ctx), *extra]
+
+
+def gsm8k_prompts(tokenizer: Any, data_file: str | os.PathLike, n: int, seed: int = 0) -> list[tuple[str, str, list[int]]]:
+    """(id, chat prompt text, ids) of the first `n` GSM8K prompts `distill accept` draws with `seed`, tokenized as it does."""
+    from distill.eval.tasks import gsm8k
+
+    out = []
+    for ex in gsm8k.load(data_file=data_file, num_samples=n, seed=seed):
+        text = tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False)
+        out.append((ex.id, text, list(tokenizer(text, add_special_tokens=False)["input_ids"])))
+    return out
+
+
+def parse_drafts(specs: Sequence[str]) -> dict[str, str]:
+    drafts = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--draft {spec!r}: expected NAME=PATH (a .gguf, a model folder or a training output)")
+        if name in drafts:
+            raise ValueError(f"--draft {name!r} given twice")
+        drafts[name] = os.path.expanduser(path)
+    return drafts
+
+
+def prepare_drafts(drafts: dict[str, str], outtypes: Sequence[str], work: Path) -> dict[str, dict[str, Any]]:
+    """name -> {path of the GGUF, source, outtype}: a .gguf as is, anything else exported in each outtype (reused when present)."""
+    ready = {}
+    for name, path in drafts.items():
+        if path.lower().endswith(".gguf"):
+            if not Path(path).is_file():
+                raise ValueError(f"--draft {name}={path}: no such GGUF file")
+            ready[name] = {"gguf": path, "source": path, "outtype": "as given", "family": name}
+            continue
+        for outtype in outtypes:
+            out = work / f"{name}-{outtype}.gguf"
+            if not out.is_file():
+                print(f"exporting {path} -> {out}", file=sys.stderr)
+                export_gguf(path, out, outtype)
+            ready[f"{name}-{outtype}"] = {"gguf": str(out), "source": path, "outtype": outtype, "family": name}
+    return ready
+
+
+def ours_acceptance(report: dict[str, Any] | None, family: str, k: int, n: int, max_new_tokens: int) -> dict[str, Any] | None:
+    """This project's decoder's GSM8K acceptance for the draft `family` in a `distill accept` report, with whether its settings match."""
+    if report is None:
+        return None
+    names = sorted((d for d in report.get("drafts", {}) if family == d or family.startswith(f"{d}-")), key=len)
+    if not names:
+        return None
+    tasks = report["drafts"][names[-1]].get("tasks", {})
+    row = tasks.get("gsm8k", tasks.get("gsm8k@default"))  # a report of several templates names the task's own prompt gsm8k@default
+    if row is None:
+        return None
+    settings = report.get("settings") or {}
+    theirs = {
+        "num_draft_tokens": settings.get("num_draft_tokens"),
+        "num_samples": settings.get("num_samples"),
+        "max_new_tokens": (settings.get("max_new_tokens_per_task") or {}).get("gsm8k", settings.get("max_new_tokens")),
+        "mode": settings.get("mode"),
+    }
+    wanted = {"num_draft_tokens": k, "num_samples": n, "max_new_tokens": max_new_tokens, "mode": "greedy"}
+    differ = {key: theirs[key] for key in wanted if theirs[key] is not None and theirs[key] != wanted[key]}
+    return {"draft": names[-1], "acceptance": row.get("acceptance_rate"), "settings_differ": differ or None}
+
+
+def bench(
+    tools: dict[str, Path],
+    target: str,
+    drafts: dict[str, dict[str, Any]],
+    prompts: Sequence[tuple[str, str, list[int]]],
+    *,
+    k: int = 3,
+    max_new_tokens: int = 256,
+    threads: int = 2,
+    ctx: int = 2048,
+    extra: Sequence[str] = (),
+    runner: Runner,
+    ours: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the target alone and every draft on every prompt; the pooled figures and each run as a report dict."""
+    base = common_args(max_new_tokens, threads, ctx, extra)
+    target_runs, spec_runs = [], {name: [] for name in drafts}
+    for index, (pid, text, ids) in enumerate(prompts):
+        alone = parse_completion(runner([str(tools["llama-completion"]), "-m", target, "-p", text, "-no-cnv", "--verbose-prompt", *base]))
+        if alone.prompt_ids != ids:
+            first = next((i for i, (a, b) in enumerate(zip(alone.prompt_ids, ids)) if a != b), min(len(alone.prompt_ids), len(ids)))
+            raise LlamaCppOutputError(
+                f"prompt {pid}: llama.cpp tokenizes it into {len(alone.prompt_ids)} ids, this project into {len(ids)}; first difference at "
+                f"position {first}: the tokenizers disagree, so the two decoders would not see the same prompt"
+            )
+        target_runs.append({"prompt": pid, **asdict(alone), "prompt_ids": len(alone.prompt_ids)})
+        for name, draft in drafts.items():
+            cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *base]
+            run = parse_speculative(runner(cmd))
+            if run.n_draft != k:
+                raise LlamaCppOutputError(f"llama-speculative-simple reports n_draft = {run.n_draft}, not {k}: it ignored --spec-draft-n-max")
+            if run.n_input != len(ids):
+                raise LlamaCppOutputError(f"prompt {pid}: llama-speculative-simple encoded {run.n_input} prompt tokens, this project {len(ids)}")
+            spec_runs[name].append({"prompt": pid, **asdict(run)})
+        print(f"prompt {index + 1}/{len(prompts)} done", file=sys.stderr)
+    alone_tps = sum(r["n_eval"] for r in target_runs) / (sum(r["eval_ms"] for r in target_runs) / 1e3)
+    report_drafts = {}
+    for name, runs in spec_runs.items():
+        drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accept"] for r in runs)
+        tps = sum(r["n_predict"] for r in runs) / sum(r["seconds"] for r in runs)
+        report_drafts[name] = {
+            **{key: drafts[name][key] for key in ("gguf", "source", "outtype")},
+            "acceptance": accepted / drafted if drafted else None,
+            "n_accept": accepted,
+            "n_drafted": drafted,
+            "tokens": sum(r["n_predict"] for r in runs),
+            "tokens_per_s": tps,
+            "speedup": tps / alone_tps,
+            "ours": ours_acceptance(ours, drafts[name]["family"], k, len(prompts), max_new_tokens),
+            "runs": runs,
+        }
+    return {
+        "target_only": {"tokens": sum(r["n_eval"] for r in target_runs), "tokens_per_s": alone_tps, "runs": target_runs},
+        "drafts": report_drafts,
+        "prompt_ids_checked": len(target_runs),
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The Markdown table of a report: target alone, then one row per draft."""
+    rows = [["llama.cpp target alone", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
+    for name, d in report["drafts"].items():
+        ours = d.get("ours") or {}
+        mine = "–" if ours.get("acceptance") is None else f"{ours['acceptance']:.1%}" + (" (other settings)" if ours.get("settings_differ") else "")
+        rows.append(
+            [name, d["outtype"], f"{d['acceptance']:.1%} ({d['n_accept']}/{d['n_drafted']})", round(d["tokens_per_s"], 2), f"{d['speedup']:.2f}×", mine]
+        )
+    return markdown_table(["system", "draft type", "acceptance (llama.cpp)", "tokens/s", "speedup", "acceptance (distill decoder)"], rows)
+
+
+def _version(tools: dict[str, Path], runner: Runner) -> str | None:
+    try:
+        text = runner([str(tools["llama-completion"]), "--version"])
+    except (ValueError, OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"version: (.+)", text)  # e.g. "0.5.0-dev (build 1, commit 0c1e570)"
+    return found.group(1).strip() if found else None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/bench_llamacpp.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="the target as a GGUF (e.g. ~/.cache/distill-real/qwen2.5-coder-1.5b-instruct.gguf)")
+    p.add_argument(
+        "--draft", action="append", default=[], required=True, help="NAME=PATH: a .gguf as is, or a model folder / training output exported (repeatable)"
+    )
+    p.add_argument("--outtypes", default="f16,q8_0", help=f"the types each non-GGUF draft is exported in (from {', '.join(OUTTYPES)}; default f16,q8_0)")
+    p.add_argument("--llama-cpp", help="the folder holding llama-completion and llama-speculative-simple (or its build/bin); default: PATH")
+    p.add_argument("--data-file", default=DEFAULT_DATA, help=f"GSM8K JSONL with question/answer (default {DEFAULT_DATA})")
+    p.add_argument("--num-prompts", type=int, default=30, help="prompts of the evaluation's seeded GSM8K draw (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="the draw's seed, as `distill accept --seed` (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--num-draft-tokens", "-k", type=int, default=3, help="draft tokens every round, exactly (default 3)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads, -t (default: every core)")
+    p.add_argument("--ctx", type=int, default=2048, help="llama.cpp context, -c (default 2048)")
+    p.add_argument("--llama-args", default="", help="extra arguments for every llama.cpp command, e.g. '-ngl 99' (one string)")
+    p.add_argument("--tokenizer", help="the tokenizer prompts are checked against (default: the target's)")
+    p.add_argument("--ours", help="a `distill accept` JSON on the same prompts: this project's decoder's acceptance beside llama.cpp's")
+    p.add_argument("--work", default="llamacpp-drafts", help="where exported drafts go (reused when present)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one llama.cpp run may take")
+    p.add_argument("--json", default="llamacpp-report.json", help="the report to write (default llamacpp-report.json)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
+    """scripts/bench_llamacpp.py; 0 also when llama.cpp is absent (skipped, said why), 2 on bad input."""
+    import json
+
+    args = parser().parse_args(argv)
+    tools = find_tools(args.llama_cpp)
+    if tools is None:
+        print(skip_message(args.llama_cpp))
+        return 0
+    run = runner or subprocess_runner(args.timeout)
+    started = time.time()
+    load = MachineLoad().start()  # llama.cpp's time counts as this process's (its children), the rest as others'
+    try:
+        if args.num_draft_tokens < 1 or args.num_prompts < 1:
+            raise ValueError("--num-draft-tokens and --num-prompts must be >= 1")
+        outtypes = [t for t in args.outtypes.split(",") if t]
+        if bad := [t for t in outtypes if t not in OUTTYPES]:
+            raise ValueError(f"--outtypes {','.join(bad)}: choose from {', '.join(OUTTYPES)}")
+        args.target = os.path.expanduser(args.target)
+        if not Path(args.target).is_file() or not args.target.lower().endswith(".gguf"):
+            raise ValueError(f"--target {args.target}: not a .gguf file; llama.cpp runs GGUF targets (fetch it, or convert with llama.cpp)")
+        ours = json.loads(Path(args.ours).read_text()) if args.ours else None
+        drafts = prepare_drafts(parse_drafts(args.draft), outtypes, Path(args.work))
+        tokenizer = load_tokenizer(args.tokenizer or args.target)
+        prompts = gsm8k_prompts(tokenizer, args.data_file, args.num_prompts, args.seed)
+        report = bench(
+            tools,
+            args.target,
+            drafts,
+            prompts,
+            k=args.num_draft_tokens,
+            max_new_tokens=args.max_new_tokens,
+            threads=args.threads,
+            ctx=args.ctx,
+            extra=shlex.split(args.llama_args),
+            runner=run,
+            ours=ours,
+        )
+    except (ValueError, FileNotFoundError, ModelLoadError) as err:
+        print(f"bench_llamacpp: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    busy = load.stop().report()
+    report = {
+        "settings": {
+            "target": args.target,
+            "drafts": {name: d["gguf"] for name, d in drafts.items()},
+            "num_prompts": args.num_prompts,
+            "seed": args.seed,
+            "data_file": args.data_file,
+            "max_new_tokens": args.max_new_tokens,
+            "num_draft_tokens": args.num_draft_tokens,
+            "threads": args.threads,
+            "ctx": args.ctx,
+            "llama_args": args.llama_args,
+            "speculative_args": speculative_args(args.num_draft_tokens),
+            "mode": "greedy",
+        },
+        "llama_cpp": {"tools": {k: str(v) for k, v in tools.items()}, "version": _version(tools, run)},
+        "environment": versions(("distill", "transformers", "gguf")),
+        "seconds": round(time.time() - started, 1),
+        "machine_load": busy,
+        **report,
+    }
+    write_json(args.json, report)
+    print(f"{table(report)}\n\n{describe(busy)}\nwrote {args.json}")
+    warn(busy, "bench_llamacpp")
+    return 0
