@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from distill.common.tiny import noisy_copy, tiny_qwen2
-from distill.speculative.batch import left_pad
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_batch.py"
 
@@ -51,9 +50,3 @@ def test_bench_batch_refuses_a_prompt_file_without_prompts(pair, tmp_path):
     bad.write_text('{"question": "no prompt field"}\n')
     done = bench_batch("--target", pair / "target", "--draft", pair / "draft", "--prompts", bad, "--num-prompts", "1", "--output", "")
     assert done.returncode == 1 and '"prompt" field' in done.stderr
-
-
-def test_left_pad_puts_every_prompt_against_the_right_edge():
-    ids, mask = left_pad([[5, 6, 7], [8], [9, 10]], pad=0)
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 9, 10]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
