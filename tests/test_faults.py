@@ -235,9 +235,11 @@ def test_killed_publish_leaves_the_old_folder_or_the_whole_new_one(tiny, straigh
     assert tree_digest(out) == old
     assert_killed(run_cli(args, tiny, kill_at="shutil:rmtree:1:before"))
     got = tree_digest(out)
-    card = (out / "README.md").read_text().replace(str(out), str(reference))
-    assert card == (reference / "README.md").read_text()
-    assert {k: v for k, v in got.items() if k != "README.md"} == {k: v for k, v in new.items() if k != "README.md"}
+    for named in ("README.md", "publish_info.json"):  # both name the folder (the card's and the engines' commands)
+        assert (out / named).read_text().replace(str(out), str(reference)) == (reference / named).read_text()
+    assert {k: v for k, v in got.items() if k not in ("README.md", "publish_info.json")} == {
+        k: v for k, v in new.items() if k not in ("README.md", "publish_info.json")
+    }
 
 
 # --------------------------------------------------------------------------------------------
