@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import os
 import re
-import tempfile
 import textwrap
 import types
 import typing
@@ -23,6 +22,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from distill.common.io import atomic_write
 from distill.common.models import looks_local
 from distill.common.prompts import TEMPLATES, TRAINING_TEMPLATES, held_out_names, template_problem
 
@@ -941,15 +941,4 @@ def load_recipe(path_or_dict: str | os.PathLike | dict, overrides: Sequence[str]
 
 def save_recipe(recipe: Recipe, path: str | os.PathLike) -> Path:
     """Write `recipe` as YAML atomically (temp file + rename), so a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yaml.safe_dump(recipe.to_dict(), f, sort_keys=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, yaml.safe_dump(recipe.to_dict(), sort_keys=False))
