@@ -178,19 +178,26 @@ def parse_drafts(values: Iterable[str]) -> list[DraftSource]:
     return drafts
 
 
-def parse_data_files(values: Iterable[str], tasks: Sequence[str]) -> dict[str, str]:
-    """`--data-file task=path` values; each task must be one of `tasks` and each file must exist."""
+def _task_files(values: Iterable[str], tasks: Sequence[str], flag: str, example: str, kind: str, only: str | None = None) -> dict[str, str]:
+    """`FLAG task=path` values: each task among `tasks` (and `only`, when one task alone takes the flag), each file existing."""
     files = {}
     for value in values:
         task, sep, path = value.partition("=")
         if not sep or not path:
-            raise ValueError(f"--data-file {value!r}: write TASK=PATH, e.g. gsm8k=data/gsm8k_test.jsonl")
+            raise ValueError(f"{flag} {value!r}: write TASK=PATH, e.g. {example}")
+        if only is not None and task != only:
+            raise ValueError(f"{flag} {value!r}: only {only} takes shots; write {only}=PATH")
         if task not in tasks:
-            raise ValueError(f"--data-file {value!r}: task {task!r} is not among --tasks {list(tasks)}")
+            raise ValueError(f"{flag} {value!r}: task {task!r} is not among --tasks {list(tasks)}")
         if not Path(path).is_file():
-            raise FileNotFoundError(f"--data-file {value!r}: {path} does not exist; pass an existing JSONL/JSON/Parquet file")
+            raise FileNotFoundError(f"{flag} {value!r}: {path} does not exist; pass {kind}")
         files[task] = path
     return files
+
+
+def parse_data_files(values: Iterable[str], tasks: Sequence[str]) -> dict[str, str]:
+    """`--data-file task=path` values; each task must be one of `tasks` and each file must exist."""
+    return _task_files(values, tasks, "--data-file", "gsm8k=data/gsm8k_test.jsonl", "an existing JSONL/JSON/Parquet file")
 
 
 def parse_num_samples(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
@@ -217,19 +224,7 @@ def parse_num_samples(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
 
 def parse_fewshot_files(values: Iterable[str], tasks: Sequence[str]) -> dict[str, str]:
     """`--fewshot-file mmlu=PATH` values: the file each task's shots come from (MMLU only: its dev split)."""
-    files = {}
-    for value in values:
-        task, sep, path = value.partition("=")
-        if not sep or not path:
-            raise ValueError(f"--fewshot-file {value!r}: write TASK=PATH, e.g. mmlu=../shared/data/mmlu/dev.jsonl")
-        if task != "mmlu":
-            raise ValueError(f"--fewshot-file {value!r}: only mmlu takes shots; write mmlu=PATH")
-        if task not in tasks:
-            raise ValueError(f"--fewshot-file {value!r}: task {task!r} is not among --tasks {list(tasks)}")
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--fewshot-file {value!r}: {path} does not exist; pass the dev split's JSONL/JSON/Parquet file")
-        files[task] = path
-    return files
+    return _task_files(values, tasks, "--fewshot-file", "mmlu=../shared/data/mmlu/dev.jsonl", "the dev split's JSONL/JSON/Parquet file", only="mmlu")
 
 
 TEMPLATE_GROUPS = {

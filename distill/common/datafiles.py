@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from distill.common.io import DataFileError
+from distill.common.io import DataFileError, json_lines
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 Row = tuple[str, dict[str, Any]]  # (where: "FILE:LINE", the row)
@@ -43,18 +43,7 @@ def read_rows(path: str | os.PathLike, allow_empty: bool = False) -> list[Row]:
 
 
 def _json_lines(path: Path, text: str) -> list[Row]:
-    rows = []
-    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): JSON strings may hold \u2028, \x1c, ...
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataFileError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno}); fix or delete the line") from None
-        if not isinstance(row, dict):
-            raise DataFileError(f"{path}:{number}: a JSON {type(row).__name__}, not an object with the task's fields; fix or delete the line")
-        rows.append((f"{path}:{number}", row))
-    return rows
+    return [(f"{path}:{number}", row) for number, row in json_lines(path, text)]
 
 
 def _json_array(path: Path, text: str) -> list[Row]:

@@ -62,24 +62,27 @@ def write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write(path, to_json(payload))
 
 
-def read_jsonl(path: str | os.PathLike, n: int | None = None) -> list[dict[str, Any]]:
-    """The first `n` (all when None) objects of a JSON-lines file, blank lines skipped. A line that is
-    not a JSON object raises DataFileError naming the file and the line."""
-    rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if n is not None and len(rows) >= n:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataFileError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{path}:{number}: a JSON {type(row).__name__}, not an object")
-            rows.append(row)
+def json_lines(path: str | os.PathLike, text: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of JSON-lines `text` read from `path`. Split on
+    newlines only (JSON strings may hold \\u2028 and other characters `str.splitlines` breaks at); a line
+    that is not a JSON object raises DataFileError naming the file and the line."""
+    rows = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataFileError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno}); fix or delete the line") from None
+        if not isinstance(row, dict):
+            raise DataFileError(f"{path}:{number}: a JSON {type(row).__name__}, not an object with the task's fields; fix or delete the line")
+        rows.append((number, row))
     return rows
+
+
+def read_jsonl(path: str | os.PathLike, n: int | None = None) -> list[dict[str, Any]]:
+    """The first `n` (all when None) objects of a JSON-lines file, blank lines skipped (`json_lines`)."""
+    return [row for _, row in json_lines(path, Path(path).read_text(encoding="utf-8"))][:n]
 
 
 def share_permissions(folder: str | os.PathLike) -> None:
