@@ -30,6 +30,7 @@ def _demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a 1-2 minute version (fewer steps and prompts)")
     p.add_argument("--out", default="demo-output", help="where the report, plots and models go")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--docs", help="also write the demo's section of this Markdown file (docs/benchmarks.md), its report kept in results/ beside it")
 
 
 def _train(p: argparse.ArgumentParser) -> None:
@@ -174,6 +175,7 @@ def _memory(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-config", help="config.json of the target, instead of reading it from the Hub")
     p.add_argument("--draft-config", help="config.json of the draft, instead of reading it from the Hub")
     p.add_argument("--check", nargs="*", metavar="CONFIG", help="measure the per-token terms on this CPU for these config.json files")
+    p.add_argument("--markdown", help="with --check: write the measurement as the memory_check section of this file, its report in results/ beside it")
     add_set_argument(p)
 
 

@@ -131,11 +131,11 @@ def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list
     return lines
 
 
-def _decomposition_table(report: dict[str, Any]) -> list[str]:
+def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str]:
     """Where each draft's decode time goes per round, and how well the speed model predicts it."""
     lines = [
         "",
-        "## Where the decode time goes (per round, all tasks' prompts at the main k)",
+        f"{heading} Where the decode time goes (per round, all tasks' prompts at the main k)",
         "",
         "| draft | task | draft ms | verify ms | bookkeeping ms | parts / decode time | c in loop | v(k) in loop | c bench "
         "| tokens / round (measured) | (i.i.d. α) | round ms (measured) | (bench c, v) | target-only TPOT / bench step | decode speedup "
@@ -145,7 +145,7 @@ def _decomposition_table(report: dict[str, Any]) -> list[str]:
     for name, entry in report["drafts"].items():
         for task, r in entry["tasks"].items():
             d = r.get("decomposition") or {}
-            if not d:
+            if "draft_s_per_round" not in d:  # a report without the loop's own clocks (older, or one without timings)
                 continue
             loop = d.get("in_loop") or {}
             lines.append(
@@ -156,7 +156,7 @@ def _decomposition_table(report: dict[str, Any]) -> list[str]:
                 f"| {_f(d.get('target_only_overhead'), '.3f')} | {_f(r.get('decode_speedup'), '.3f')}× | {_f(d.get('predicted_decode_speedup'), '.3f')}× "
                 f"| {_f(d.get('predicted_decode_speedup_forwards_only'), '.3f')}× |"
             )
-    return lines
+    return lines if len(lines) > 5 else []
 
 
 def _comparison_table(report: dict[str, Any]) -> list[str]:
@@ -216,28 +216,37 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for task, base in report["target_only"].items():
         lines += _task_table(report, task, base)
-    lines += _comparison_table(report) + _decomposition_table(report) + _runs(report)
-    lines += ["", "## Speedup vs k (all tasks pooled)", ""]
-    k0 = st["num_draft_tokens"]
+    lines += _comparison_table(report) + decomposition_table(report) + _runs(report) + sweep_tables(report)
+    lines += [f"![per-position acceptance]({ACCEPTANCE_PLOT})", "", f"![speedup vs k]({SPEEDUP_PLOT})", ""]
+    return "\n".join(lines)
+
+
+def sweep_tables(report: dict[str, Any], heading: str = "##") -> list[str]:
+    """Per draft, the k sweep: measured decode and end-to-end speedups with intervals against the speed
+    model's predictions, and the error of the prediction from the measured tokens per round."""
+    if not any(entry.get("sweep") for entry in report["drafts"].values()):
+        return []
+    k0 = report["settings"]["num_draft_tokens"]
+    lines = ["", f"{heading} Speedup vs k (all tasks pooled)", ""]
     for name, entry in report["drafts"].items():
         costs = entry.get("costs") or {}
         lines += [
-            f"**{name}** (`{entry['path']}`): α = {entry['alpha']:.3f}, c = {_f(costs.get('c'), '.3f')}, "
-            f"best k = {entry.get('best_k', '–')} (α fitted at k = {k0}).",
+            f"**{name}**: α = {entry['alpha']:.3f}, c = {_f(costs.get('c'), '.3f')}, best k = {entry.get('best_k', '–')} (α fitted at k = {k0}).",
             "",
-            "| k | prompts | decode speedup | end-to-end speedup | predicted decode (measured tokens / round) | predicted (α at this k) "
+            "| k | prompts | decode speedup | end-to-end speedup | predicted decode (measured tokens / round) | error | predicted (α at this k) "
             "| α at this k | acceptance | tokens / target forward |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for p in entry["sweep"]:
+        for p in entry.get("sweep") or []:
+            predicted = (p.get("decomposition") or {}).get("predicted_decode_speedup")
+            error = f"{(predicted / p['decode_speedup'] - 1) * 100:+.1f}%" if predicted and p.get("decode_speedup") else "–"
             lines.append(
                 f"| {p['k']} | {p['num_prompts']} | {_iv(p, 'decode_speedup', '.2f', '×')} | {_iv(p, 'end_to_end_speedup', '.2f', '×')} "
-                f"| {_f((p.get('decomposition') or {}).get('predicted_decode_speedup'), '.2f')}× | {_f(p.get('predicted_speedup_own_alpha'), '.2f')}× "
+                f"| {_f(predicted, '.2f')}× | {error} | {_f(p.get('predicted_speedup_own_alpha'), '.2f')}× "
                 f"| {p['alpha']:.3f} | {_iv(p, 'acceptance_rate', '.3f')} | {p['tokens_per_target_forward']:.2f} |"
             )
         lines.append("")
-    lines += [f"![per-position acceptance]({ACCEPTANCE_PLOT})", "", f"![speedup vs k]({SPEEDUP_PLOT})", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_outputs(report: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from distill.common.benchmarks import command_line
+from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import markdown_table, write_section
+from distill.common.docs import Block, render_blocks, table
 from distill.common.io import read_jsonl
 from distill.common.models import load_model, load_tokenizer
 from distill.common.prompts import chat_prompt_ids
@@ -29,6 +29,7 @@ from distill.common.vocab import cut_at_eos
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.batch import left_pad
 
+TITLE = "Decoder: batched speculative decoding, every row at its own accepted length"
 HEADER = [
     "mode",
     "batch",
@@ -181,16 +182,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompt set")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--output", default="docs/benchmarks.md", help="Markdown file whose bench_batch section is rewritten ('' to skip)")
+    ap.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help="Markdown file whose bench_batch section is rewritten, its report kept in results/ beside it ('' to skip)",
+    )
     args = ap.parse_args(argv)
     if bool(args.target) != bool(args.draft):
         ap.error("give both --target and --draft, or neither for the demo pair")
     return args
 
 
-def render(rows: list[dict], args: argparse.Namespace, target_path: Any, draft_path: Any, load: MachineLoad, argv: list[str] | None) -> str:
-    """The bench_batch section: the command, the table, what was measured and the machine's load."""
-    table = markdown_table(
+def render(rows: list[dict], args: argparse.Namespace, target_path: Any, draft_path: Any) -> list[Block]:
+    """The bench_batch section's blocks: the table and what was measured."""
+    measured = table(
         HEADER,
         [
             [
@@ -209,27 +214,16 @@ def render(rows: list[dict], args: argparse.Namespace, target_path: Any, draft_p
         ],
     )
     env = environment(args.device)
-    return "\n".join(
-        [
-            "## Decoder: batched speculative decoding, every row at its own accepted length",
-            "",
-            "```",
-            command_line("bench_batch", argv),
-            "```",
-            "",
-            table,
-            "",
-            f"Target {target_path}, draft {draft_path}; k = {args.num_draft_tokens}, {args.num_prompts} held-out prompts "
-            f"(chat template, left-padded batches), {args.max_new_tokens} new tokens, {args.repeats} passes, backend {args.backend}, "
-            f"{args.device}, {args.dtype}, torch {env['torch']}, {env['torch_threads']} threads. Target-only = "
-            "`target.generate` on the same left-padded batches, interleaved batch by batch (who goes first alternates); "
-            f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
-            "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
-            "target-only `generate`'s, up to EOS.",
-            "",
-            describe(load.report()),
-        ]
-    )
+    return [
+        measured,
+        f"Target {target_path}, draft {draft_path}; k = {args.num_draft_tokens}, {args.num_prompts} held-out prompts "
+        f"(chat template, left-padded batches), {args.max_new_tokens} new tokens, {args.repeats} passes, backend {args.backend}, "
+        f"{args.device}, {args.dtype}, torch {env['torch']}, {env['torch_threads']} threads, {env['device_name']}. Target-only = "
+        "`target.generate` on the same left-padded batches, interleaved batch by batch (who goes first alternates); "
+        f"sampled = temperature {args.temperature}, top-k and top-p off, on both sides. tokens / row / target forward = "
+        "emitted tokens / (target forwards × rows they served), prefill included. Greedy identity: rows whose output equals "
+        "target-only `generate`'s, up to EOS.",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,11 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         args.device,
     )
     load.stop()
-    md = render(rows, args, target_path, draft_path, load, argv)
-    print(md)
-    warn(load.report(), "bench_batch")
+    blocks = render(rows, args, target_path, draft_path)
     if args.output:
-        write_section(args.output, "bench_batch" + ("" if not args.target else "-custom"), md)
+        report("bench_batch" + ("" if not args.target else "-custom"), TITLE, command_line("bench_batch", argv), blocks, args.output, load, "bench_batch")
+    else:
+        print(f"## {TITLE}\n\n{render_blocks(blocks)}\n\n{describe(load.report())}")
+        warn(load.report(), "bench_batch")
     greedy = [r for r in rows if r["mode"] == "greedy"]
     return 0 if all(r["greedy_identity"].split("/")[0] == r["greedy_identity"].split("/")[1] for r in greedy) else 1
 

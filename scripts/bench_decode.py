@@ -15,13 +15,14 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from distill.common.benchmarks import command_line
+from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import markdown_table, write_section
+from distill.common.docs import Block, render_blocks, table
 from distill.common.models import load_model, load_tokenizer
 from distill.common.prompts import chat_prompts
 from distill.common.provenance import MachineLoad, describe, environment, warn
@@ -82,7 +83,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--gsm8k", help="a GSM8K JSONL file: its first questions, asked as `distill accept` asks them, are the prompts")
     ap.add_argument("--skip-compiled", action="store_true", help="leave out the compiled-draft backend (its one-off compile)")
-    ap.add_argument("--output", default="docs/benchmarks.md", help="Markdown file whose bench_decode section is rewritten ('' to skip)")
+    ap.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help="Markdown file whose bench_decode section is rewritten, its report kept in results/ beside it ('' to skip)",
+    )
     ap.add_argument("--section", help="the section of --output to rewrite (default bench_decode, or bench_decode-custom for --target)")
     args = ap.parse_args(argv)
     if bool(args.target) != bool(args.draft):
@@ -101,7 +106,7 @@ def load_pair(args: argparse.Namespace):
 
 
 def load_questions(args: argparse.Namespace) -> list[str]:
-    """The first GSM8K questions as `distill accept` asks them, or made-up prompts."""
+    """GSM8K questions as `distill accept` draws and asks them (the first of its seed-0 shuffle), or made-up prompts."""
     if args.gsm8k:
         from distill.eval.tasks import gsm8k
 
@@ -206,8 +211,8 @@ def measure(
     return m
 
 
-def render(m: Measured, args: argparse.Namespace, target, draft, n_prompts: int, load: MachineLoad, argv: list[str] | None) -> str:
-    """The bench_decode section: the command and setting, the table, the ratios and the machine's load."""
+def render(m: Measured, args: argparse.Namespace, target, draft, n_prompts: int) -> tuple[str, list[Block]]:
+    """The bench_decode section's title and blocks: the setting, the table, the ratios."""
     names, k, total = m.names, args.num_draft_tokens, {n: m.total(n) for n in m.names}
     rows = [
         [
@@ -229,17 +234,15 @@ def render(m: Measured, args: argparse.Namespace, target, draft, n_prompts: int,
     if compiled:
         one_off = m.warmup_s[names[3]] - m.warmup_s[names[2]]
         compile_s.append(f"- the compiled draft's one-off torch.compile for k = {k} (in the warm-up, not in the table): {one_off:.0f} s")
-    return "\n".join(
+    setting = (
+        f"Target {args.target or 'tiny Qwen2 (random weights)'} ({n_params(target):.1f}M params), "
+        f"draft {args.draft or 'tiny Qwen2 (random weights)'} ({n_params(draft):.2f}M), {args.device}, {args.dtype}, "
+        f"{n_prompts} prompts ({f'the first {n_prompts} of a seed-0 shuffle of `{Path(args.gsm8k).name}`, as `distill accept` draws them' if args.gsm8k else 'made up, seed 1234'}) "
+        f"× {args.repeats} passes, {args.max_new_tokens} new tokens, greedy, interleaved. "
+        f"torch {env['torch']}, {env['torch_threads']} threads, {env['device_name']}."
+    )
+    ratios = "\n".join(
         [
-            f"## Decoder: distill vs transformers assisted generation (k = {k})",
-            "",
-            f"`{command_line('bench_decode', argv)}` — target {args.target or 'tiny Qwen2 (random weights)'} ({n_params(target):.1f}M params), "
-            f"draft {args.draft or 'tiny Qwen2 (random weights)'} ({n_params(draft):.2f}M), {args.device}, {args.dtype}, "
-            f"{n_prompts} prompts × {args.repeats} passes, {args.max_new_tokens} new tokens, greedy, interleaved. "
-            f"torch {env['torch']}, {env['torch_threads']} threads.",
-            "",
-            markdown_table(HEADER, rows),
-            "",
             f"- distill wall time / transformers assisted wall time: eager loop **{total[names[2]] / theirs:.2f}×**"
             + (f", compiled draft **{total[names[3]] / theirs:.2f}×**" if compiled else "")
             + " (target ≤ 0.8×); median prompt "
@@ -248,9 +251,9 @@ def render(m: Measured, args: argparse.Namespace, target, draft, n_prompts: int,
             f"- acceptance rate (distill stats): {m.accepted / max(1, m.proposed):.3f}; outputs identical across all methods: {'yes' if m.identical else 'NO'}",
             "- loop overhead = wall time minus time inside the two models' forward calls, per target forward after the prefill; "
             "the compiled draft's forwards run inside its graph, out of the hooks' sight, so its figure includes them.",
-            f"- {describe(load.report())}",
         ]
     )
+    return f"Decoder: distill vs transformers assisted generation (k = {k})", [setting, table(HEADER, rows), ratios]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,11 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     load = MachineLoad().start()
     m = measure(methods, prompts, timers, tok, args, warmup_s)
     load.stop()
-    md = render(m, args, target, draft, len(prompts), load, argv)
-    print(md)
-    warn(load.report(), "bench_decode")
+    title, blocks = render(m, args, target, draft, len(prompts))
     if args.output:
-        write_section(args.output, args.section or ("bench_decode" + ("" if not args.target else "-custom")), md)
+        report(
+            args.section or ("bench_decode" + ("" if not args.target else "-custom")),
+            title,
+            command_line("bench_decode", argv),
+            blocks,
+            args.output,
+            load,
+            "bench_decode",
+        )
+    else:
+        print(f"## {title}\n\n{render_blocks(blocks)}\n\n{describe(load.report())}")
+        warn(load.report(), "bench_decode")
     return 0 if m.identical or args.dtype != "float32" else 1  # identity is guaranteed in float32 only
 
 

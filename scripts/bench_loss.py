@@ -9,6 +9,9 @@ the child's RSS high-water mark (ru_maxrss), on CUDA `torch.cuda.max_memory_allo
     python scripts/bench_loss.py                          # 2,048 tokens x 151,936 vocab x hidden 896
     python scripts/bench_loss.py --teacher topk           # the same against a top-32 teacher cache
     python scripts/bench_loss.py --tokens 256 --vocab 32768 --hidden 256   # a quick small run
+
+With --docs the table is written as the bench_loss (bench_loss-topk) section of that file, its report
+kept in results/ beside it.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import sys
 
 import torch
 
-from distill.common.benchmarks import command_line
+from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.provenance import environment
+from distill.common.docs import Block, render_blocks, table
+from distill.common.provenance import MachineLoad, environment
 from distill.training.losses import DIVERGENCES, distillation_loss, fused_divergence
 
 MIB = 2**20
@@ -44,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2, help="timed runs per child, after one warm-up run")
     p.add_argument("--rounds", type=int, default=1, help="children per variant, alternated; the fastest time is kept")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--docs", help="Markdown file (docs/benchmarks.md) whose bench_loss section is rewritten, its report kept in results/ beside it")
     p.add_argument("--variant", help=argparse.SUPPRESS)  # set by the parent for its child processes
     return p
 
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     variants = ["unchunked", *map(str, args.chunk_sizes)]
     results: dict[str, dict] = {}
+    load = MachineLoad().start()
     for _ in range(args.rounds):
         for v in variants:
             r = _run_child(argv, v)
@@ -119,31 +125,46 @@ def main(argv: list[str] | None = None) -> None:
             best["times"] = sorted(set(best["times"]) | set(r["times"]))
             best["peak"], best["baseline"] = max(best["peak"], r["peak"]), min(best["baseline"], r["baseline"])
 
+    title, blocks = render(results, variants, args)
+    cmd = command_line("bench_loss", argv)
+    if args.docs:
+        report("bench_loss" + ("-topk" if args.teacher == "topk" else ""), title, cmd, blocks, args.docs, load.stop(), "bench_loss")
+    else:
+        print(f"## {title}\n\n`{cmd}`\n\n{render_blocks(blocks)}")
+
+
+def render(results: dict[str, dict], variants: list[str], args: argparse.Namespace) -> tuple[str, list[Block]]:
+    """The section's title and blocks: the setting, peak and time per variant against the unchunked loss, every time."""
     base = results["unchunked"]
     base_time, base_peak, base_extra = min(base["times"]), base["peak"], base["peak"] - base["baseline"]
     env = environment(args.device)
-    print(f"\n`{command_line('bench_loss', argv)}`\n")
-    print(
-        f"{args.tokens:,} tokens x {args.vocab:,} vocab x hidden {args.hidden}, {args.divergence}, "
-        f"{'dense teacher logits' if args.teacher == 'dense' else f'top-{args.top_k} teacher'}, {args.dtype} on "
-        f"{env['device_name']} ({args.device}, {env['torch_threads']} threads, torch {env['torch']}); "
-        f"forward+backward, fastest of {args.rounds * args.repeats} timed runs after a warm-up\n"
-    )
-    print("| computation | peak memory (MiB) | above inputs (MiB) | peak vs unchunked | time (s) | time vs unchunked | loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for v in variants:
         r = results[v]
-        name = "unchunked (full logits)" if v == "unchunked" else f"fused, chunk {v}"
         extra, t = r["peak"] - r["baseline"], min(r["times"])
-        print(
-            f"| {name} | {r['peak'] / MIB:,.0f} | {extra / MIB:,.0f} | {r['peak'] / base_peak:.0%} "
-            f"({extra / max(base_extra, 1):.0%} above inputs) | {t:.2f} | {t / base_time:.2f}x | {r['loss']:.6f} |"
+        rows.append(
+            [
+                "unchunked (full logits)" if v == "unchunked" else f"fused, chunk {v}",
+                f"{r['peak'] / MIB:,.0f}",
+                f"{extra / MIB:,.0f}",
+                f"{r['peak'] / base_peak:.0%}",
+                f"{extra / max(base_extra, 1):.0%}",
+                f"{t:.2f}",
+                f"{t / base_time:.2f}×",
+                f"{r['loss']:.6f}",
+            ]
         )
-    print("\nTarget: fused peak <= 25% of the unchunked peak, at <= 1.3x its time.")
-    print(
-        "times (s): "
+    teacher = "dense teacher logits" if args.teacher == "dense" else f"top-{args.top_k} teacher"
+    return f"Loss memory: fused chunked divergence vs unchunked ({teacher})", [
+        f"{args.tokens:,} tokens × {args.vocab:,} vocab × hidden {args.hidden}, {args.divergence}, {teacher}, {args.dtype} on "
+        f"{env['device_name']} ({args.device}, {env['torch_threads']} threads, torch {env['torch']}); forward + backward, fastest of "
+        f"{args.rounds * args.repeats} timed runs after a warm-up; peak = the RSS high-water mark of a fresh child per variant "
+        "(on CUDA its max_memory_allocated); above inputs = less what the child held before the loss ran (hidden states, LM head, teacher signal).",
+        table(["computation", "peak MiB", "above inputs MiB", "peak vs unchunked", "above inputs vs unchunked", "time s", "time vs unchunked", "loss"], rows),
+        "Target (issue 3): fused peak ≤ 25% of the unchunked peak, at ≤ 1.3× its time. Every timed run (s): "
         + "; ".join(f"{v}: {', '.join(f'{t:.2f}' for t in results[v]['times'])} (median {statistics.median(results[v]['times']):.2f})" for v in variants)
-    )
+        + ".",
+    ]
 
 
 if __name__ == "__main__":

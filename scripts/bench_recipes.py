@@ -39,7 +39,7 @@ from distill.commands.demo import measure
 from distill.commands.gsm8k_pair import gsm8k_pair
 from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import markdown_table
+from distill.common.docs import table
 from distill.common.io import read_jsonl, write_json
 from distill.common.models import load_model
 from distill.common.prompts import chat_prompts
@@ -414,12 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if adaspec:
         shown = {n: results[n] for n in wanted}
         title = "Selective distillation (AdaSPEC) against its reference (GSM8K tiny pair)"
-        report("bench_adaspec", title, cmd, markdown_table(ADASPEC_HEADER, adaspec_rows(shown)), adaspec_notes(shown, args), args.docs, load)
+        report("bench_adaspec", title, cmd, [table(ADASPEC_HEADER, adaspec_rows(shown)), adaspec_notes(shown, args)], args.docs, load)
     else:
         plot_path = plot(results, args.plot)
         text = notes(results, args, target, tokenizer, len(rows), len(prompts), plot_path, [n for n in grid if n not in results])
         title = "Which distillation recipe buys the most acceptance (GSM8K text, DistillSpec-style grid)"
-        report("bench_recipes", title, cmd, markdown_table(HEADER, rows_for(results)), text, args.docs, load)
+        report("bench_recipes", title, cmd, [table(HEADER, rows_for(results)), text], args.docs, load)
     print(f"({clock.elapsed():.0f} s)")
     return 0
 

@@ -27,7 +27,7 @@ from distill.commands.gsm8k_pair import gsm8k_pair
 from distill.commands.prepare_tiny import prepare
 from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import markdown_table
+from distill.common.docs import table
 from distill.common.io import read_jsonl
 from distill.common.models import load_model, load_tokenizer
 from distill.common.prompts import chat_prompts
@@ -131,8 +131,8 @@ def run_tiny(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         f"{args.max_new_tokens} new tokens; greedy identity = share of prompts whose output equals "
         f"target-only `generate`. {conditions()}."
     )
-    table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
-    report("bench_train_tiny", "Training: KL distillation vs cross-entropy (tiny-cpu.yaml)", cmd, table, notes, args.docs, LOAD)
+    blocks = [table(HEADER, [row(n, r) for n, r in results.items()]), notes]
+    report("bench_train_tiny", "Training: KL distillation vs cross-entropy (tiny-cpu.yaml)", cmd, blocks, args.docs, LOAD)
     return results
 
 
@@ -158,8 +158,8 @@ def run_gsm8k(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
         f"k = {args.k}, the first {len(prompts)} test.jsonl questions with the chat template, {args.max_new_tokens} "
         f"new tokens. {conditions()}."
     )
-    table = markdown_table(HEADER, [row(n, r) for n, r in results.items()])
-    report("bench_train_gsm8k", "Training: KL distillation vs cross-entropy (GSM8K text)", cmd, table, notes, args.docs, LOAD)
+    blocks = [table(HEADER, [row(n, r) for n, r in results.items()]), notes]
+    report("bench_train_gsm8k", "Training: KL distillation vs cross-entropy (GSM8K text)", cmd, blocks, args.docs, LOAD)
     return results
 
 
@@ -218,7 +218,7 @@ def run_trl(args: argparse.Namespace, cmd: str) -> dict[str, Any]:
     )
     if error:
         notes += f"\n\nTRL's DistillationTrainer could not run on this pair:\n\n```\n{error}\n```"
-    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd, markdown_table(header, rows), notes, args.docs, LOAD)
+    report("bench_train_trl", "Training: distill vs trl.DistillationTrainer (tiny pair)", cmd, [table(header, rows), notes], args.docs, LOAD)
     return {"ours": ours, "trl": trl_result}
 
 

@@ -5,7 +5,7 @@
 # prompts nested (the first 30, 16 and 8 of one seeded shuffle). Each report is copied to
 # docs/results/ and the docs sections are rendered from it by `distill docs`.
 #
-#   scripts/real_pair_study.sh            # all three runs (about 3 h on 2 idle cores; resumable: run it again)
+#   scripts/real_pair_study.sh            # all three runs (about 2 h on 2 idle cores; resumable: run it again)
 #   DISTILLED=runs/other scripts/real_pair_study.sh bf16
 #
 # Run it on an idle machine: a report whose machine-load record shows other processes above 0.1
@@ -19,22 +19,23 @@ common=(--target "$R/coder-1.5b" --draft "base=$R/coder-0.5b" --draft "distilled
 
 run() {  # name, then distill accept options
   local name=$1; shift
-  python eval/acceptance.py "${common[@]}" "$@" --output-dir "eval-output/real-$name"
-  python - "eval-output/real-$name/report.json" <<'PY'
+  local out="eval-output/real-${name//_/-}"
+  python eval/acceptance.py "${common[@]}" "$@" --output-dir "$out"
+  python - "$out/report.json" <<'PY'
 import json, sys
 load = json.load(open(sys.argv[1]))["machine_load"]
 if (load.get("others_cores") or 0) > 0.1:
     sys.exit(f"{sys.argv[1]}: other processes took {load['others_cores']:.2f} cores while it was timed: rerun on an idle machine")
 PY
   mkdir -p docs/results
-  cp "eval-output/real-$name/report.json" "docs/results/real_pair_$name.json"
+  cp "$out/report.json" "docs/results/real_pair_$name.json"
 }
 
 for what in "${@:-bf16 fp32 t07}"; do
   for one in $what; do
     case $one in
       bf16) run bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --dtype bfloat16 ;;  # speed, k sweep on the first 8
-      fp32) run fp32 --num-samples 8 --max-new-tokens 128 --dtype float32 ;;                                          # greedy identity
+      fp32) run fp32_8 --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;                       # greedy identity
       t07) run t07 --num-samples 16 --max-new-tokens 128 --temperature 0.7 --dtype bfloat16 ;;                       # sampled acceptance
       *) echo "unknown run $one: choose bf16, fp32 or t07" >&2; exit 2 ;;
     esac

@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from distill.commands.synthetic import merge_stats, synthetic_sweep
-from distill.commands.vocab_sweep import check_sweep, parse_sizes, render_vocab_sweep, vocab_sweep
-from distill.common.docs import markdown_table, write_section
+from distill.commands.vocab_sweep import check_sweep, parse_sizes, vocab_sweep, vocab_sweep_blocks
+from distill.common.benchmarks import report as write_benchmark
+from distill.common.docs import Block, render_blocks, table
 from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_model, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, environment, warn
@@ -134,24 +135,19 @@ def _measure_alpha(target, draft, tok, prompts, k: int, max_new_tokens: int, bac
     return fit_alpha(total.position_proposed, total.position_accepted)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    """The bench report as Markdown: costs, predicted speedup per k and α with the best k, and
-    (with synthetic acceptance) measured vs predicted speedup per (α, k)."""
-    costs, env, settings = report["costs"], report["environment"], report["settings"]
+def docs_blocks(report: dict[str, Any], args: argparse.Namespace) -> list[Block]:
+    """The bench report's blocks: costs, predicted speedup per k and α with the best k, (with synthetic
+    acceptance) measured vs predicted speedup per (α, k), the vocabulary sweep, and a hint when α ≈ 0."""
+    costs, env = report["costs"], report["environment"]
     alphas, ks = report["alphas"], sorted(int(k) for k in costs["v"])
     pred = {(p["alpha"], p["k"]): p["predicted_speedup"] for p in report["predicted"]}
     best = {b["alpha"]: b for b in report["best_k"]}
-    lines = [
-        f"## distill bench: {report['names']['target']} / {report['names']['draft']}",
-        "",
-        f"`{settings['command']}` — {env['device_name']} ({env['device']}), {env['dtype']}, {report['backend']} loop, torch {env['torch']}, "
+    blocks: list[Block] = [
+        f"{env['device_name']} ({env['device']}), {env['dtype']}, {report['backend']} loop, torch {env['torch']}, "
         f"transformers {env['transformers']}; costs on a warm cache of {costs['prompt_len']} tokens, median of {costs['repeats']}.",
-        "",
-        markdown_table(["target step ms", "draft step ms", "c = draft / target"], [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"]]]),
-        "",
+        table(["target step ms", "draft step ms", "c = draft / target"], [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"]]]),
         f"Predicted speedup = E[tokens per round] / (k·c + v(k)); α {report['alpha_source']}.",
-        "",
-        markdown_table(
+        table(
             ["k", "v(k)"] + [f"α = {a:g}" for a in alphas],
             [[k, costs["v"][str(k)]] + [pred[(a, k)] for a in alphas] for k in ks]
             + [["best k", ""] + [f"{best[a]['best_k']} ({best[a]['predicted_speedup']:.2f}×)" for a in alphas]],
@@ -174,19 +170,24 @@ def render_markdown(report: dict[str, Any]) -> str:
             for r in report["synthetic"]
         ]
         first = report["synthetic"][0]
-        lines += [
-            "",
+        blocks += [
             f"Synthetic acceptance: the real verification loop with a draft that proposes the target's own token with "
             f"probability α per position ({first['num_prompts']} prompts × {first['max_new_tokens']} new tokens, greedy, "
             "EOS ignored). Decode speedup leaves out time to first token; predicted uses the measured α, c and v(k); "
             "error = decode speedup / predicted − 1.",
-            "",
-            markdown_table(
+            table(
                 ["α", "k", "measured α", "acceptance rate", "tokens / target forward", "speedup", "decode speedup", "predicted", "error", "greedy identity"],
                 rows,
             ),
         ]
-    return "\n".join(lines)
+    if report["vocab_sweep"]:
+        blocks += vocab_sweep_blocks(report["vocab_sweep"], args.vocab_from, args.coverage_from)
+    if not args.synthetic_acceptance and max(report["alphas"]) < 0.05:
+        blocks.append(
+            "α ≈ 0: this draft shares next to nothing with the target (random weights?). "
+            "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
+        )
+    return blocks
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -233,19 +234,6 @@ def _alphas(
 
     kind = "chat prompts" if tok is not None else "random-id prompts"
     return [measure(draft)], f"measured with the real draft (k = {k0}, {len(real)} {kind})", measure
-
-
-def _markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
-    """The report as Markdown, with the machine's load, the vocabulary sweep and a hint when α ≈ 0."""
-    md = render_markdown(report) + "\n\n" + describe(report["machine_load"])
-    if report["vocab_sweep"]:
-        md += "\n\n" + render_vocab_sweep(report["vocab_sweep"], args.vocab_from, args.coverage_from)
-    if not args.synthetic_acceptance and max(report["alphas"]) < 0.05:
-        md += (
-            "\n\nα ≈ 0: this draft shares next to nothing with the target (random weights?). "
-            "Add --synthetic-acceptance 0.5,0.7,0.9 to measure the speedup curve at controlled acceptance."
-        )
-    return md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,13 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         "synthetic": synthetic,
         "vocab_sweep": vocab_rows,
     }
-    md = _markdown(report, args)
+    title, blocks = f"distill bench: {names['target']} / {names['draft']}", docs_blocks(report, args)
     if args.json:
         write_json(args.json, report)
     if args.markdown:
-        write_section(args.markdown, args.section, md)
-    print(md)
-    warn(report["machine_load"], "distill bench")
+        write_benchmark(args.section, title, report["settings"]["command"], blocks, args.markdown, report["machine_load"], "distill bench")
+    else:
+        print(f"## {title}\n\n{render_blocks(blocks)}\n\n{describe(report['machine_load'])}")
+        warn(report["machine_load"], "distill bench")
     return 0
 
 

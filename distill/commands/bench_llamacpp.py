@@ -35,10 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from distill.commands.export_gguf import OUTTYPES, export_gguf
-from distill.common.docs import markdown_table
+from distill.common.benchmarks import report as write_benchmark
+from distill.common.docs import Block, markdown_table
+from distill.common.docs import table as table_block
 from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
+from distill.eval.intervals import bootstrap, difference, ratio, ratio_of_ratios
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
@@ -268,6 +271,10 @@ def bench(
             "tokens_per_s": tps,
             "speedup": tps / alone_tps,
             "ours": ours_acceptance(ours, drafts[name]["family"], k, len(prompts), max_new_tokens),
+            "intervals": {
+                "acceptance": bootstrap(_acceptance_columns(runs), ratio("a", "d")).to_dict(),
+                "speedup": bootstrap(_speed_columns(runs, target_runs), ratio_of_ratios("p", "s", "e", "t")).to_dict(),
+            },
             "runs": runs,
         }
     return {
@@ -277,16 +284,117 @@ def bench(
     }
 
 
-def table(report: dict[str, Any]) -> str:
-    """The Markdown table of a report: target alone, then one row per draft."""
-    rows = [["llama.cpp target alone", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
+def _acceptance_columns(runs: Sequence[dict[str, Any]], tag: str = "") -> dict[str, list[float]]:
+    """Per prompt, accepted and drafted tokens (columns a, d, suffixed by `tag`) for the bootstrap."""
+    return {f"a{tag}": [r["n_accept"] for r in runs], f"d{tag}": [r["n_drafted"] for r in runs]}
+
+
+def _speed_columns(runs: Sequence[dict[str, Any]], target_runs: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per prompt, the speculative run's tokens and seconds and the target's alone, for the speedup's bootstrap."""
+    return {
+        "p": [r["n_predict"] for r in runs],
+        "s": [r["seconds"] for r in runs],
+        "e": [r["n_eval"] for r in target_runs],
+        "t": [r["eval_ms"] / 1e3 for r in target_runs],
+    }
+
+
+def _ours_difference(ours: dict[str, Any] | None, draft: str | None, reference: str | None) -> dict[str, Any] | None:
+    """This project's paired acceptance difference `draft` − `reference` on GSM8K from a `distill accept` report, if it has one."""
+    for c in (ours or {}).get("comparisons") or []:
+        if c.get("task") in ("gsm8k", "gsm8k@default") and (c.get("draft"), c.get("reference")) == (draft, reference):
+            return c.get("acceptance_rate")
+    return None
+
+
+def comparisons(report: dict[str, Any], reference: str, ours: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every draft's acceptance minus the reference draft's in llama.cpp, paired over the same prompts with its
+    95% interval, beside this project's decoder's paired difference for the same two drafts (from `ours`)."""
+    ref = report["drafts"][reference]
+    out = []
+    for name, d in report["drafts"].items():
+        if name == reference:
+            continue
+        columns = {**_acceptance_columns(d["runs"], "1"), **_acceptance_columns(ref["runs"], "0")}
+        iv = bootstrap(columns, difference(ratio("a1", "d1"), ratio("a0", "d0")))
+        mine = _ours_difference(ours, (d.get("ours") or {}).get("draft"), (ref.get("ours") or {}).get("draft"))
+        out.append(
+            {
+                "draft": name,
+                "reference": reference,
+                "llama_cpp": {**iv.to_dict(), "outside_noise": iv.excludes(0.0)},
+                "ours": mine,
+                "llama_cpp_minus_ours": None if mine is None else iv.value - mine["value"],
+            }
+        )
+    return out
+
+
+def _iv(figure: dict[str, Any] | None, fmt: str, suffix: str = "") -> str:
+    """'0.847 [0.82, 0.87]' from an interval record; – when absent."""
+    if not figure:
+        return "–"
+    return f"{format(figure['value'], fmt)}{suffix} [{format(figure['low'], fmt)}, {format(figure['high'], fmt)}]"
+
+
+HEADER = ["system", "draft type", "acceptance (llama.cpp)", "accepted / drafted", "tokens/s", "speedup", "acceptance (distill decoder)"]
+COMPARISON_HEADER = ["difference", "llama.cpp", "distill decoder", "llama.cpp − distill"]
+
+
+def rows(report: dict[str, Any]) -> list[list[Any]]:
+    """The main table's rows: the target alone, then one per draft, with 95% intervals over prompts."""
+    out = [["llama.cpp target alone", "–", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
     for name, d in report["drafts"].items():
         ours = d.get("ours") or {}
-        mine = "–" if ours.get("acceptance") is None else f"{ours['acceptance']:.1%}" + (" (other settings)" if ours.get("settings_differ") else "")
-        rows.append(
-            [name, d["outtype"], f"{d['acceptance']:.1%} ({d['n_accept']}/{d['n_drafted']})", round(d["tokens_per_s"], 2), f"{d['speedup']:.2f}×", mine]
+        mine = "–" if ours.get("acceptance") is None else f"{ours['acceptance']:.3f}" + (" (other settings)" if ours.get("settings_differ") else "")
+        iv = d.get("intervals") or {}
+        out.append(
+            [
+                name,
+                d["outtype"],
+                _iv(iv.get("acceptance"), ".3f") if iv else f"{d['acceptance']:.3f}",
+                f"{d['n_accept']}/{d['n_drafted']}",
+                round(d["tokens_per_s"], 2),
+                _iv(iv.get("speedup"), ".2f", "×") if iv else f"{d['speedup']:.2f}×",
+                mine,
+            ]
         )
-    return markdown_table(["system", "draft type", "acceptance (llama.cpp)", "tokens/s", "speedup", "acceptance (distill decoder)"], rows)
+    return out
+
+
+def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """The paired differences' rows (* = the interval excludes 0)."""
+    return [
+        [
+            f"{c['draft']} − {c['reference']}",
+            _iv(c["llama_cpp"], "+.3f") + ("*" if c["llama_cpp"].get("outside_noise") else ""),
+            _iv(c["ours"], "+.3f"),
+            "–" if c["llama_cpp_minus_ours"] is None else f"{c['llama_cpp_minus_ours']:+.3f}",
+        ]
+        for c in report.get("comparisons") or []
+    ]
+
+
+def table(report: dict[str, Any]) -> str:
+    """The Markdown tables of a report: target alone and one row per draft, then the paired differences."""
+    text = markdown_table(HEADER, rows(report))
+    return text + ("\n\n" + markdown_table(COMPARISON_HEADER, comparison_rows(report)) if report.get("comparisons") else "")
+
+
+def docs_blocks(report: dict[str, Any]) -> list[Block]:
+    """The benchmark's section: what ran, the drafts, the paired differences."""
+    st, cpp = report["settings"], report["llama_cpp"]
+    blocks: list[Block] = [
+        f"llama.cpp {cpp.get('version') or '(version unknown)'}, target `{Path(st['target']).name}`, {st['num_prompts']} GSM8K prompts from "
+        f"`{Path(st['data_file']).name}` (the first {st['num_prompts']} of the seed-{st['seed']} shuffle `distill accept` draws; every prompt's ids "
+        f"checked equal to this project's), ≤ {st['max_new_tokens']} tokens, greedy, exactly {st['num_draft_tokens']} draft tokens a round "
+        f"(`{' '.join(st['speculative_args'])}`), {st['threads']} threads. [low, high] = 95% bootstrap interval over prompts; the distill "
+        "decoder's figures come from the `distill accept` report given with --ours (its own run, on the same prompts).",
+        table_block(HEADER, rows(report)),
+    ]
+    if report.get("comparisons"):
+        blocks += ["Paired differences on the same prompts (* = the interval excludes 0):", table_block(COMPARISON_HEADER, comparison_rows(report))]
+    return blocks
 
 
 def _version(tools: dict[str, Path], runner: Runner) -> str | None:
@@ -319,6 +427,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="llamacpp-drafts", help="where exported drafts go (reused when present)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one llama.cpp run may take")
     p.add_argument("--json", default="llamacpp-report.json", help="the report to write (default llamacpp-report.json)")
+    p.add_argument("--reference", help="the draft every other is compared with, paired over the prompts (default: the first, e.g. base-f16)")
+    p.add_argument("--docs", help="also write the bench_llamacpp section of this Markdown file (docs/benchmarks.md), its report in results/ beside it")
     return p
 
 
@@ -363,6 +473,11 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     except (ValueError, FileNotFoundError, ModelLoadError) as err:
         print(f"bench_llamacpp: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    reference = args.reference or next(iter(report["drafts"]))
+    if reference not in report["drafts"]:
+        print(f"bench_llamacpp: error: --reference {reference}: no such draft; choose from {', '.join(report['drafts'])}", file=sys.stderr)
+        return 2
+    report["comparisons"] = comparisons(report, reference, ours)
     busy = load.stop().report()
     report = {
         "settings": {
@@ -386,6 +501,13 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
         **report,
     }
     write_json(args.json, report)
-    print(f"{table(report)}\n\n{describe(busy)}\nwrote {args.json}")
-    warn(busy, "bench_llamacpp")
+    if args.docs:
+        cmd = shlex.join(["python", "scripts/bench_llamacpp.py", *(sys.argv[1:] if argv is None else argv)])
+        write_benchmark(
+            "bench_llamacpp", "llama.cpp's speculative decoding with the drafts as GGUF", cmd, docs_blocks(report), args.docs, busy, "bench_llamacpp"
+        )
+    else:
+        print(f"{table(report)}\n\n{describe(busy)}")
+        warn(busy, "bench_llamacpp")
+    print(f"wrote {args.json}")
     return 0

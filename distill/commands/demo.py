@@ -16,7 +16,9 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.commands.prepare_tiny import prepare
-from distill.common.docs import markdown_table
+from distill.common.benchmarks import report as write_benchmark
+from distill.common.docs import Block, markdown_table
+from distill.common.docs import table as table_block
 from distill.common.io import atomic_write, write_json
 from distill.common.models import load_model, load_tokenizer
 from distill.common.provenance import MachineLoad, environment, warn
@@ -170,9 +172,13 @@ def _plots(report: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
-def table(report: dict[str, Any]) -> str:
-    """The side-by-side Markdown table the demo prints."""
-    rows = [
+HEADER = ["draft", "acceptance rate", "accepted length", "tokens / target forward", "end-to-end speedup vs target-only", "greedy identity", "held-out 1 − TVD"]
+TITLE = "`distill demo` (tiny target trained here, two drafts of one size)"
+
+
+def _rows(report: dict[str, Any]) -> list[list[Any]]:
+    """One row per draft, in HEADER's order."""
+    return [
         [
             name,
             e["acceptance_rate"],
@@ -184,10 +190,29 @@ def table(report: dict[str, Any]) -> str:
         ]
         for name, e in report["drafts"].items()
     ]
-    return markdown_table(
-        ["draft", "acceptance rate", "accepted length", "tokens / target forward", "end-to-end speedup vs target-only", "greedy identity", "held-out 1 − TVD"],
-        rows,
-    )
+
+
+def table(report: dict[str, Any]) -> str:
+    """The side-by-side Markdown table the demo prints."""
+    return markdown_table(HEADER, _rows(report))
+
+
+def docs_blocks(report: dict[str, Any]) -> list[Block]:
+    """The demo's section of the benchmarks page: the setting, the drafts side by side, measured / predicted speedup by k."""
+    st, env = report["settings"], report["environment"]
+    ks = [p["k"] for p in next(iter(report["drafts"].values()))["sweep"]]
+    sweep = [[name] + [f"{p['speedup']:.2f} / {p['predicted_speedup']:.2f}" for p in e["sweep"]] for name, e in report["drafts"].items()]
+    libs = ", ".join(f"{name} {env[name]}" for name in ("torch", "transformers", "tokenizers", "datasets", "numpy") if env.get(name))
+    return [
+        f"{env['device_name']} ({env['device']}), fp32, {env['torch_threads']} torch threads, k = {st['num_draft_tokens']}, "
+        f"{st['eval_prompts']} held-out prompts, {st['max_new_tokens']} new tokens, greedy; target {st['target_steps']} CE steps "
+        f"(hidden {st['target_shape']['hidden_size']}, {st['target_shape']['num_layers']} layers); drafts {st['draft_steps']} steps each "
+        f"(hidden 64, 1 layer). Whole demo {report['wall_s']:.0f} s. {libs}. The acceptance figures are deterministic on one CPU model "
+        "(the same with 1 or 2 torch threads); tiny models' float arithmetic differs between CPU models, so another processor may give others.",
+        table_block(HEADER, _rows(report)),
+        f"Measured / predicted end-to-end speedup by k, on the first {st['sweep_prompts']} prompts (prediction from the measured α, c and v(k)):",
+        table_block(["draft"] + [f"k = {k}" for k in ks], sweep),
+    ]
 
 
 def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: int = 0) -> dict[str, Any]:
@@ -243,13 +268,20 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`distill demo [--quick] [--out demo-output]`."""
+    """`distill demo [--quick] [--out demo-output] [--docs docs/benchmarks.md]`."""
     from distill.arguments import parser
 
     args = parser("demo").parse_args(argv)
     report = run(args.out, quick=args.quick, seed=args.seed)
     print()
     print(table(report))
+    if args.docs:
+        section = "demo-quick" if args.quick else "demo"
+        for plot in ("acceptance", "speedup"):  # the plots beside the page, as the section links them
+            atomic_write(Path(args.docs).parent / f"{section}-{plot}.png", (Path(args.out) / f"{plot}.png").read_bytes())
+        cmd = "distill demo" + (" --quick" if args.quick else "") + (f" --seed {args.seed}" if args.seed else "")
+        blocks = [*docs_blocks(report), f"Plots: [per-position acceptance]({section}-acceptance.png), [speedup vs k]({section}-speedup.png)."]
+        write_benchmark(section, TITLE, cmd, blocks, args.docs, report["machine_load"], "distill demo")
     print(f"\nReport, plots and models in {args.out}/ ({report['wall_s']:.0f} s).")
     warn(report["machine_load"], "distill demo")
     return 0

@@ -10,6 +10,8 @@ which is how docs/gpu-plan.md's numbers were checked.
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -193,6 +195,40 @@ def render(terms: dict[str, float]) -> str:
     return "\n".join([*lines, f"| **total** (plus ~2-3 GB CUDA context and allocator slack) | **{sum(terms.values()) / GB:.1f}** |"])
 
 
+def check(config_paths: Sequence[str], markdown: str | None, argv: Sequence[str] | None) -> int:
+    """`distill memory --check CONFIG ...`: the estimate's per-token terms measured on this CPU, printed as a
+    table; with `markdown`, written as the memory_check section of that file with its report beside it."""
+    from distill.common.benchmarks import report
+    from distill.common.docs import markdown_table, table
+    from distill.common.provenance import MachineLoad
+
+    load = MachineLoad().start()
+    configs = {Path(p).stem: json.loads(Path(p).read_text()) for p in config_paths}
+    header = ["term", "tokens", "measured MB", "estimated MB", "measured / estimated"]
+    rows = [
+        [r["term"], r["tokens"], round(r["measured"] / 2**20), round(r["estimated"] / 2**20), round(r["measured"] / r["estimated"], 2)]
+        for r in measure(configs)
+    ]
+    if not markdown:
+        print(markdown_table(header, rows))
+        return 0
+    notes = (
+        f"float32 on this CPU, peak RSS from /proc in one process. The fused loss keeps ~{LOSS_CHUNK_COPIES} fp32 chunk × vocab "
+        "copies at its peak; `distill memory RECIPE` uses that figure. docs/gpu-plan.md has the estimates at the real shapes."
+    )
+    cmd = "OMP_NUM_THREADS=1 distill memory " + shlex.join(sys.argv[1:] if argv is None else argv)
+    report(
+        "memory_check",
+        "Training memory: the estimate's per-token terms measured on CPU",
+        cmd,
+        [table(header, rows), notes],
+        markdown,
+        load.stop(),
+        "distill memory",
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`distill memory RECIPE [--gpus N --zero 2] [--tokens T] [--check]`."""
     from distill.arguments import parser
@@ -201,13 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = parser("memory")
     args = ap.parse_args(argv)
     if args.check is not None:
-        configs = {Path(p).stem: json.loads(Path(p).read_text()) for p in args.check}
-        print("| term | tokens | measured MB | estimated MB | measured / estimated |\n| --- | --- | --- | --- | --- |")
-        for row in measure(configs):
-            print(
-                f"| {row['term']} | {row['tokens']} | {row['measured'] / 2**20:.0f} | {row['estimated'] / 2**20:.0f} | {row['measured'] / row['estimated']:.2f} |"
-            )
-        return 0
+        return check(args.check, args.markdown, argv)
     if not args.recipe:
         ap.error("give a recipe (or --check CONFIG ...)")
     try:

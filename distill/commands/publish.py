@@ -546,13 +546,13 @@ def _base_models(source: _Source, draft: _Draft) -> list[str | None]:
 
 def _card_data(source: _Source, draft: _Draft, *, license: str, adapter: bool) -> ModelCardData:
     """The card's YAML header: Hub metadata takes repo ids only, so a local base model or dataset path is left out."""
-    dataset = _section(source.recipe, "data").get("dataset")
+    hub = [d for path, _ in _datasets(source.recipe) if (d := _hub_id(path))]
     return ModelCardData(
         base_model=next((h for c in _base_models(source, draft) if (h := _hub_id(c))), None),
         library_name="peft" if adapter else "transformers",
         license=license,
         pipeline_tag="text-generation",
-        datasets=[d] if (d := _hub_id(dataset)) else None,
+        datasets=hub or None,
         tags=["speculative-decoding", "draft-model", "distillation", "distill", draft.model.config.model_type] + (["lora"] if adapter else []),
     )
 
@@ -573,7 +573,7 @@ def _card_values(
         "draft_vocab": draft.vocab_size,
         "target_vocab": draft.target_vocab,
         "adapter": adapter,
-        "dataset": _section(source.recipe, "data").get("dataset"),
+        "dataset": ", ".join(f"`{path}`" + (f" (share {share:g})" if share is not None else "") for path, share in _datasets(source.recipe)) or None,
         "objective": _objective(_section(source.recipe, "loss")),
         "acceptance": _acceptance(source, report, report_path, repo),
         "repo": repo,
@@ -590,6 +590,15 @@ def _card_values(
         "recipe_text": source.recipe_text.rstrip() if source.recipe_text else None,
         "run_info": json.dumps(source.run_info, indent=2) if source.run_info is not None else None,
     }
+
+
+def _datasets(recipe: dict[str, Any]) -> list[tuple[str, float | None]]:
+    """The recipe's training data: data.dataset alone, or each data.sources entry with its share of the mix."""
+    data = _section(recipe, "data")
+    if data.get("dataset"):
+        return [(str(data["dataset"]), None)]
+    sources = [src for src in data.get("sources") or [] if isinstance(src, dict) and src.get("dataset")]
+    return [(str(src["dataset"]), float(src.get("share", 1.0))) for src in sources]
 
 
 def _objective(loss: dict[str, Any]) -> dict[str, Any] | None:

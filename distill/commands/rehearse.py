@@ -53,10 +53,11 @@ from distill.commands.rehearse_checks import (
     check_tokenizer,
     check_training_data,
 )
-from distill.common.docs import markdown_table, write_section
+from distill.common.benchmarks import report as write_benchmark
+from distill.common.docs import Block, table
 from distill.common.io import atomic_write, write_json
 from distill.common.models import load_tokenizer
-from distill.common.provenance import environment
+from distill.common.provenance import MachineLoad, environment
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
@@ -438,31 +439,25 @@ class Rehearsal:
 # --------------------------------------------------------------------------------------------- report
 
 
-def render_markdown(steps: Sequence[Step], total_s: float, command: str, env: dict[str, Any]) -> str:
-    """The rehearsal section of docs/benchmarks.md: per step the command, time, peak memory and checks;
-    `env` is the `provenance.environment()` record of where the rehearsal ran."""
+TITLE = "Rehearsal of the real Qwen2.5 paths (`distill rehearse`)"
+
+
+def docs_blocks(steps: Sequence[Step], total_s: float, env: dict[str, Any]) -> list[Block]:
+    """The rehearsal's section of docs/benchmarks.md: per step the time, peak memory and checks, then the
+    commands; `env` is the `provenance.environment()` record of where the rehearsal ran."""
     rows = [[s.name, f"{s.wall_s:.1f}", f"{s.peak_rss_mb:.0f}" if s.peak_rss_mb is not None else "in-process", "; ".join(s.checks)] for s in steps]
     commands = "\n".join(f"- {s.name}: `{re.sub(str(REPO) + '/', '', s.command)}`" for s in steps)
     omp = env["omp_num_threads"] or COMMAND_THREADS  # what the rehearsed commands ran with (Rehearsal.env)
-    return "\n".join(
-        [
-            "## Rehearsal of the real Qwen2.5 paths (`distill rehearse`)",
-            "",
-            f"`{command}`: {total_s / 60:.1f} min in all on {env['device_name']} with OMP_NUM_THREADS={omp} "
-            f"({env['torch_threads']} torch threads in process; the machine's 2 cores shared with other agents' jobs), "
-            f"torch {env['torch']}, transformers {env['transformers']}.",
-            "Random-weight stand-ins of recipes/model_configs/*.json with the real vocab_size (152,064 target / 151,936 drafts), "
-            "tying and head ratio, the real Qwen2.5-Instruct tokenizer (151,665 tokens), the shipped recipes with `--set` "
-            "overrides of paths, steps (1–2) and batch size (2). Peak RSS is the command's own process tree (`os.wait4`). "
-            "See docs/gpu-plan.md for the memory arithmetic at the real shapes.",
-            "",
-            markdown_table(["step", "wall s", "peak RSS MB", "checked"], rows),
-            "",
-            "Commands (paths under the rehearsal's output folder shortened):",
-            "",
-            commands,
-        ]
-    )
+    return [
+        f"{total_s / 60:.1f} min in all on {env['device_name']} with OMP_NUM_THREADS={omp} "
+        f"({env['torch_threads']} torch threads in process), torch {env['torch']}, transformers {env['transformers']}. "
+        "Random-weight stand-ins of recipes/model_configs/*.json with the real vocab_size (152,064 target / 151,936 drafts), "
+        "tying and head ratio, the real Qwen2.5-Instruct tokenizer (151,665 tokens), the shipped recipes with `--set` "
+        "overrides of paths, steps (1–2) and batch size (2). Peak RSS is the command's own process tree (`os.wait4`). "
+        "See docs/gpu-plan.md for the memory arithmetic at the real shapes.",
+        table(["step", "wall s", "peak RSS MB", "checked"], rows),
+        "Commands (paths under the rehearsal's output folder shortened):\n\n" + commands,
+    ]
 
 
 def rehearse(out: str | os.PathLike, quick: bool = False, markdown: str | None = None, command: str = "distill rehearse") -> dict[str, Any]:
@@ -474,14 +469,14 @@ def rehearse(out: str | os.PathLike, quick: bool = False, markdown: str | None =
     out = Path(out)
     if out.exists():  # replaced in place, not swapped: a failed rehearsal's logs and outputs are the evidence
         shutil.rmtree(out)
-    start = time.perf_counter()
+    start, load = time.perf_counter(), MachineLoad().start()
     steps = Rehearsal(out, quick).run()
     total = time.perf_counter() - start
-    env = environment()
+    env = environment(load=load.stop())
     report = {"quick": quick, "total_s": total, "command": command, "environment": env, "steps": [asdict(s) for s in steps]}
     write_json(out / "rehearsal.json", report)
     if markdown:
-        write_section(markdown, "rehearsal", render_markdown(steps, total, command, env))
+        write_benchmark("rehearsal-quick" if quick else "rehearsal", TITLE, command, docs_blocks(steps, total, env), markdown, load, "distill rehearse")
     return report
 
 

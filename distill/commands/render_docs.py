@@ -2,10 +2,13 @@
 docs/results/, so that no number in docs/benchmarks.md or README.md is typed by hand.
 
 A section `<!-- results:NAME -->` ... `<!-- /results:NAME -->` in a Markdown file is the rendering of
-docs/results/NAME.json. `distill docs` rewrites every such section; `distill docs --check` (run by
+docs/results/NAME.json; `<!-- results:NAME@headline -->` is an acceptance report's one-paragraph
+summary (README's measured figures: each draft's acceptance and speedups with their intervals, and the
+paired difference). `distill docs` rewrites every such section; `distill docs --check` (run by
 the test suite) exits 1 naming each section that differs from its report's rendering, so a hand edit
 of a measured figure fails CI. An acceptance report (`distill accept`'s report.json, schema 2) renders
-as its tables with intervals; a report of a schema this version does not read is named with the
+as its tables with intervals, a benchmark's report (scripts/bench_*.py, `distill demo --docs`, ...) as its
+section; a report of a schema this version does not read is named with the
 schema it needs.
 """
 
@@ -18,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from distill.common.docs import markdown_table
+from distill.common.docs import markdown_table, render_benchmark
 from distill.common.io import atomic_write
+from distill.eval.report import decomposition_table, sweep_tables
 
 DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
 RESULTS = "docs/results"
-SECTION = re.compile(r"<!-- results:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+SECTION = re.compile(r"<!-- results:(?P<name>[\w.-]+(?:@(?P<view>\w+))?) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
 READS = (2,)  # acceptance report schemas this renderer reads
 
 
@@ -67,13 +71,18 @@ def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
     return rows
 
 
-def render_acceptance(name: str, report: dict[str, Any]) -> str:
-    """An acceptance report's tables: per task each draft's figures with 95% intervals, then the paired differences."""
+def _check_schema(name: str, report: dict[str, Any]) -> None:
+    """Refuse an acceptance report of a schema this renderer does not read, naming the one it needs."""
     version = report.get("schema_version", 1)
     if version not in READS:
         raise ValueError(
-            f"docs/results/{name}.json has report schema {version}; `distill docs` renders schemas {list(READS)}: re-measure it or upgrade distill"
+            f"docs/results/{name.partition('@')[0]}.json has report schema {version}; `distill docs` renders schemas {list(READS)}: re-measure it or upgrade distill"
         )
+
+
+def render_acceptance(name: str, report: dict[str, Any]) -> str:
+    """An acceptance report's tables: per task each draft's figures with 95% intervals, then the paired differences."""
+    _check_schema(name, report)
     st, env = report["settings"], report["environment"]
     lines = [
         f"Target `{Path(report['target']).name}`, {st['mode']} decoding, k = {st['num_draft_tokens']}, {env['dtype']}, {env['device_name']}, "
@@ -115,16 +124,57 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
                 ],
             )
         )
+    lines += decomposition_table(report, "####") + sweep_tables(report, "####")
     loads = [(run_id, (run.get("machine_load") or {}).get("others_cores")) for run_id, run in (report.get("runs") or {}).items()]
     lines += ["", "Timed in " + "; ".join(f"run `{r}` (other processes {'–' if c is None else format(c, '.2f')} cores)" for r, c in loads) + "."]
     return "\n".join(lines)
 
 
+def render_headline(name: str, report: dict[str, Any]) -> str:
+    """An acceptance report in one paragraph per task: what was measured, then per draft acceptance, decode
+    and end-to-end speedup and greedy identity with intervals, then each paired difference and whether it is outside noise."""
+    _check_schema(name, report)
+    st, env = report["settings"], report["environment"]
+    paragraphs = []
+    for task in report["target_only"]:
+        n = report["target_only"][task]["num_prompts"]
+        drafts = []
+        for draft, entry in report["drafts"].items():
+            r, iv = entry["tasks"][task], entry["tasks"][task].get("intervals") or {}
+            identity = "" if r.get("greedy_identity") is None else f", output equal to the target's on {r['identical_outputs']}/{r['num_prompts']} prompts"
+            drafts.append(
+                f"{draft} acceptance {_iv(iv.get('acceptance_rate'), '.3f')}, decode speedup {_iv(iv.get('decode_speedup'), '.2f', '×')}, "
+                f"end-to-end {_iv(iv.get('end_to_end_speedup'), '.2f', '×')}{identity}"
+            )
+        diffs = [
+            f"{c['draft']} − {c['reference']}: acceptance {_iv(c.get('acceptance_rate'), '+.3f')}, decode speedup {_iv(c.get('decode_speedup'), '+.3f')} "
+            f"({'outside' if (c.get('acceptance_rate') or {}).get('outside_noise') else 'within'} noise for acceptance)"
+            for c in report.get("comparisons") or []
+            if c["task"] == task
+        ]
+        mode = "Greedy" if st["mode"] == "greedy" else f"Sampled (T = {st['temperature']})"
+        paragraphs.append(
+            f"{mode}, k = {st['num_draft_tokens']}, {env['dtype']}, {n} {task} prompts × ≤ {st['max_new_tokens_per_task'][task]} tokens "
+            f"(`docs/results/{name.partition('@')[0]}.json`, one timing run, [95% bootstrap interval]): "
+            + "; ".join(drafts)
+            + "."
+            + (" Paired, " + "; ".join(diffs) + "." if diffs else "")
+        )
+    return "\n\n".join(paragraphs)
+
+
 def render(name: str, report: dict[str, Any]) -> str:
-    """The Markdown of one committed report, by its kind."""
+    """The Markdown of one committed report, by its kind (and the section's view: `NAME@headline`)."""
+    view = name.partition("@")[2]
+    if view and (view != "headline" or "target_only" not in report):
+        raise ValueError(f"section results:{name}: unknown view {view!r}; the views are @headline, of an acceptance report")
+    if view:
+        return render_headline(name, report)
+    if report.get("kind") == "benchmark":
+        return render_benchmark(report)
     if "target_only" in report and "drafts" in report:
         return render_acceptance(name, report)
-    raise ValueError(f"docs/results/{name}.json: not a report `distill docs` renders (expected `distill accept`'s report.json)")
+    raise ValueError(f"docs/results/{name}.json: not a report `distill docs` renders (expected `distill accept`'s report.json or a benchmark's)")
 
 
 def rendered(text: str, results: Path) -> str:
@@ -132,7 +182,7 @@ def rendered(text: str, results: Path) -> str:
 
     def one(match: re.Match) -> str:
         name = match["name"]
-        path = results / f"{name}.json"
+        path = results / f"{name.partition('@')[0]}.json"
         if not path.is_file():
             raise ValueError(f"section results:{name} has no report: commit {path}")
         return f"<!-- results:{name} -->\n{render(name, json.loads(path.read_text()))}\n<!-- /results:{name} -->"

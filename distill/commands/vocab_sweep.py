@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.common.docs import markdown_table
+from distill.common.docs import Block, table
 from distill.common.trim import choose_ids, count_tokens, coverage, draft_to_target, trimmed_copy
 from distill.speculative.costs import Costs, best_k, measure_costs, measure_costs_many, predicted_speedup
 
@@ -104,18 +104,18 @@ def vocab_sweep(
     return out
 
 
-def render_vocab_sweep(rows: Sequence[dict[str, Any]], vocab_from: Sequence[str], coverage_from: str) -> str:
-    """The sweep as a Markdown section."""
-    table = markdown_table(
-        ["draft", "head rows", "head weights", "coverage (held-out)", "c", "α", "best k", "predicted speedup"],
-        [
-            [r["draft"], r["vocab_size"], f"{r['head_weights']:,}", f"{r['coverage']:.2%}", r["c"], r["alpha"], r["best_k"], r["predicted_speedup"]]
-            for r in rows
-        ],
-    )
+def vocab_sweep_blocks(rows: Sequence[dict[str, Any]], vocab_from: Sequence[str], coverage_from: str) -> list[Block]:
+    """The sweep's blocks of the bench report: what was kept and measured, then the table."""
     sources = ", ".join(f"`{s}`" for s in vocab_from)
-    return (
+    return [
         f"### Trimmed vocabulary: the head cut to the K ids most frequent in {sources}\n\n"
         f"Coverage: the share of the tokens of `{coverage_from}` inside the kept set. α: {rows[0]['alpha_source'] if rows else ''} "
-        "for the full draft; per K as the α column says. Predicted speedup at each draft's best k, from its own c.\n\n" + table
-    )
+        "for the full draft; per K as the α column says. Predicted speedup at each draft's best k, from its own c.",
+        table(
+            ["draft", "head rows", "head weights", "coverage (held-out)", "c", "α", "best k", "predicted speedup"],
+            [
+                [r["draft"], r["vocab_size"], f"{r['head_weights']:,}", f"{r['coverage']:.2%}", r["c"], r["alpha"], r["best_k"], r["predicted_speedup"]]
+                for r in rows
+            ],
+        ),
+    ]

@@ -1,5 +1,6 @@
-"""How a benchmark reports: the exact command that produced its table, and its section of
-docs/benchmarks.md (title, command, table, notes, and how busy the machine was while it ran)."""
+"""How a benchmark reports: the exact command that produced its tables, its report under the docs'
+results/ folder (the measured values, the environment, how busy the machine was while it ran) and
+its section of docs/benchmarks.md, rendered from that report."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from distill.common.docs import write_section
-from distill.common.provenance import MachineLoad, describe, warn
+from distill.common.docs import Block, benchmark_report, render_benchmark, write_section
+from distill.common.io import write_json
+from distill.common.provenance import MachineLoad, environment, warn
 
 
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
@@ -19,12 +23,18 @@ def command_line(script: str, argv: Sequence[str] | None = None) -> str:
     return " ".join(["python", f"scripts/{script}.py", *map(shlex.quote, args)])
 
 
-def report(section: str, title: str, cmd: str, table: str, notes: str, docs: str | os.PathLike, load: MachineLoad, prog: str = "bench") -> str:
-    """Print the table with its command and write it as `section` of `docs`, with the machine's load
-    since `load` started (timings are only as good as the machine was idle); returns the text."""
-    busy = load.report()
-    text = f"## {title}\n\n```\n{cmd}\n```\n\n{table}\n\n{notes}\n\n{describe(busy)}\n"
+def report(
+    section: str, title: str, cmd: str, blocks: Sequence[Block], docs: str | os.PathLike, load: MachineLoad | dict[str, Any], prog: str = "bench"
+) -> str:
+    """Write the benchmark's report to results/`section`.json beside `docs` and its rendering as the
+    section `results:section` of `docs` (what `distill docs` re-renders and checks), with the machine's
+    load since `load` started, or as `load` recorded it (timings are only as good as the machine was idle);
+    prints and returns the text."""
+    busy = load if isinstance(load, dict) else load.report()
+    record = benchmark_report(section, title, cmd, blocks, busy, environment())
+    text = render_benchmark(record)
     print(text)
     warn(busy, prog)
-    write_section(docs, section, text)
+    write_json(Path(docs).parent / "results" / f"{section}.json", record)
+    write_section(docs, f"results:{section}", text)
     return text

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from distill.commands.bench import main
+from distill.commands.render_docs import main as render_docs
 from distill.common.tiny import tiny_qwen2
 
 
 def test_bench_runs_end_to_end_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    md = tmp_path / "benchmarks.md"
+    md = tmp_path / "docs" / "benchmarks.md"
     rc = main(
         [
             "--ks",
@@ -47,7 +48,9 @@ def test_bench_runs_end_to_end_and_writes_json(tmp_path, capsys):
     assert report["environment"]["torch"] == torch.__version__
     printed = capsys.readouterr().out
     assert "| k | v(k) | α = 0.8 |" in printed and "best k" in printed and "measured α" in printed
-    assert "<!-- distill-bench -->" in md.read_text()
+    assert "<!-- results:distill-bench -->" in md.read_text()
+    assert json.loads((tmp_path / "docs" / "results" / "distill-bench.json").read_text())["kind"] == "benchmark"
+    assert render_docs(["--check", "--root", str(tmp_path)]) == 0  # the section is its report's rendering
 
 
 def test_bench_builds_random_models_from_config_files(tmp_path, tokenizer, capsys):

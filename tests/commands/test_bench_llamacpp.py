@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from distill.commands.bench_llamacpp import (
     skip_message,
     speculative_args,
 )
+from distill.commands.render_docs import main as render_docs
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llamacpp.py"
 
@@ -128,7 +130,8 @@ def setup(tmp_path_factory, tiny_pair):
 
 def _runner(tokenizer, calls: list, shift: int = 0):
     """A stand-in for llama.cpp: the target alone prints the prompt's ids (tokenized as llama.cpp would, `shift`
-    added to the last to fake a disagreement) and 10 decode runs in 50 ms; speculative runs accept 6 of 9 in 25 ms."""
+    added to the last to fake a disagreement) and 10 decode runs in 50 ms; speculative runs accept 6 of 9 in 25 ms
+    (an f16 draft 8 of 9 on the prompts with an even number of apples, so that drafts differ prompt by prompt)."""
 
     def run(cmd: list[str]) -> str:
         calls.append(cmd)
@@ -140,9 +143,11 @@ def _runner(tokenizer, calls: list, shift: int = 0):
             ids = ids[:-1] + [ids[-1] + shift]
             lines = [f"0.00.1 I llama_completion: number of tokens in prompt = {len(ids)}", *(f"0.00.1 I {i:6d} -> 'x'" for i in ids)]
             return "\n".join([*lines, "0.00.2 I common_perf_print:        eval time =      50.00 ms /    10 runs   (5 ms per token, 200 tokens per second)"])
+        even = int(re.search(r"anna has (\d+) apples", prompt).group(1)) % 2 == 0
+        accepted = 8 if cmd[cmd.index("-md") + 1].endswith("-f16.gguf") and even else 6
         return (
             f"I encoded {len(ids):4d} tokens in 0.1 seconds\nI decoded   12 tokens in    0.025 seconds, speed: 480 t/s\n"
-            "I n_draft   = 3\nI n_predict = 12\nI n_drafted = 9\nI n_accept  = 6\n"
+            f"I n_draft   = 3\nI n_predict = 12\nI n_drafted = 9\nI n_accept  = {accepted}\n"
         )
 
     return run
@@ -153,7 +158,8 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
     args = ["--llama-cpp", str(_fake_tools(tmp_path / "llama")), "--target", str(setup / "target.gguf"), "--draft", f"draft={setup / 'draft'}"]
     args += ["--data-file", str(setup / "test.jsonl"), "--num-prompts", "4", "--max-new-tokens", "16", "--threads", "1", "--outtypes", "f16,q8_0"]
     args += ["--work", str(tmp_path / "work"), "--ours", str(setup / "ours.json"), "--json", str(tmp_path / "report.json")]
-    assert main(args, runner=_runner(tiny_pair.tokenizer, calls)) == 0, capsys.readouterr().err
+    docs = tmp_path / "docs" / "benchmarks.md"
+    assert main([*args, "--docs", str(docs)], runner=_runner(tiny_pair.tokenizer, calls)) == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "work" / "draft-f16.gguf").is_file() and (tmp_path / "work" / "draft-q8_0.gguf").is_file()  # exported by the benchmark
     assert set(report["drafts"]) == {"draft-f16", "draft-q8_0"} and report["prompt_ids_checked"] == 4
@@ -171,7 +177,15 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
         and "others_cores" in report["machine_load"]
         and report["settings"]["speculative_args"] == speculative_args(3)
     )
-    assert "| draft-q8_0 | q8_0 | 66.7% (24/36) | 480 | 2.40× | 62.5% |" in capsys.readouterr().out
+    assert "| draft-q8_0 | q8_0 | 0.667 [0.667, 0.667] | 24/36 | 480 | 2.40× [2.40, 2.40] | 0.625 |" in capsys.readouterr().out
+    # the paired difference over the same prompts: q8_0 accepts 6 of 9 everywhere, f16 8 of 9 on the even prompts
+    evens = sum(r["n_accept"] == 8 for r in report["drafts"]["draft-f16"]["runs"])
+    (diff,) = report["comparisons"]
+    assert (diff["draft"], diff["reference"]) == ("draft-q8_0", "draft-f16") and diff["ours"] is None
+    assert diff["llama_cpp"]["value"] == pytest.approx(-2 * evens / 36) and diff["llama_cpp"]["low"] <= diff["llama_cpp"]["value"] <= diff["llama_cpp"]["high"]
+    saved = json.loads((tmp_path / "docs" / "results" / "bench_llamacpp.json").read_text())
+    assert saved["blocks"][1]["rows"][2][0] == "draft-q8_0" and "<!-- results:bench_llamacpp -->" in docs.read_text()
+    assert render_docs(["--check", "--root", str(tmp_path)]) == 0
 
 
 def test_a_prompt_llama_cpp_tokenizes_otherwise_is_refused(setup, tiny_pair, tmp_path, capsys):

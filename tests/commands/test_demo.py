@@ -14,7 +14,8 @@ QUICK_ACCEPTANCE = {"cross-entropy": 0.247, "KL-distilled": 0.333}  # `distill d
 
 @pytest.mark.timeout(900)
 def test_quick_demo_runs_end_to_end(tmp_path, capsys):
-    assert cli.main(["demo", "--quick", "--out", str(tmp_path)]) == 0
+    docs = tmp_path / "docs" / "benchmarks.md"
+    assert cli.main(["demo", "--quick", "--out", str(tmp_path), "--docs", str(docs)]) == 0
     printed = capsys.readouterr().out
     report = json.loads((tmp_path / "report.json").read_text())
     ce, kd = report["drafts"]["cross-entropy"], report["drafts"]["KL-distilled"]
@@ -36,3 +37,10 @@ def test_quick_demo_runs_end_to_end(tmp_path, capsys):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
         assert matplotlib.image.imread(path).std() > 0  # not a blank canvas
     assert "KL-distilled" in (tmp_path / "report.md").read_text()
+    # --docs: the section is the rendering of the report kept beside it, the drafts' figures in it
+    saved = json.loads((tmp_path / "docs" / "results" / "demo-quick.json").read_text())
+    assert [row[0] for row in saved["blocks"][1]["rows"]] == ["cross-entropy", "KL-distilled"]
+    assert saved["blocks"][1]["rows"][1][1] == kd["acceptance_rate"]
+    assert "<!-- results:demo-quick -->" in docs.read_text() and "distill demo --quick" in docs.read_text()
+    assert (tmp_path / "docs" / "demo-quick-speedup.png").read_bytes() == (tmp_path / "speedup.png").read_bytes()
+    assert cli.main(["docs", "--check", "--root", str(tmp_path)]) == 0

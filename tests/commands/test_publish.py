@@ -293,6 +293,18 @@ def test_a_recipe_with_a_retired_eval_section_still_publishes(env, tmp_path):
     assert '"num_speculative_tokens": 4' in card and "--speculative-num-steps 4 " in card  # the report's settings
 
 
+def test_a_mixed_recipe_names_each_source_and_its_share(env, tmp_path):
+    run = tmp_path / "mix-run"
+    shutil.copytree(env.run, run)
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    recipe["data"].pop("dataset", None)
+    recipe["data"]["sources"] = [{"dataset": "openai/gsm8k", "share": 0.5}, {"dataset": "/data/mmlu/validation.jsonl", "share": 0.25}]
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    card = publish(tmp_path / "out", run_dir=run).joinpath("README.md").read_text()
+    assert "- Training data: `openai/gsm8k` (share 0.5), `/data/mmlu/validation.jsonl` (share 0.25)" in card
+    assert yaml.safe_load(card.split("---\n")[1])["datasets"] == ["openai/gsm8k"]  # Hub ids only in the metadata
+
+
 def test_refuses_a_non_empty_out_without_force(env, tmp_path, capsys):
     out = tmp_path / "taken"
     out.mkdir()

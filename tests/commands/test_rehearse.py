@@ -52,7 +52,11 @@ def test_check_ids_catches_padding_ids_and_missing_stops():
 def test_quick_rehearsal_passes_on_the_real_tokenizer(tmp_path):
     """LoRA recipe, training data, GSM8K acceptance, the decoder, publish (padded and not) and the
     other-tokenizer refusals, each with its checks; a failed check raises RehearsalError."""
-    report = rehearse(tmp_path / "rehearsal", quick=True)
+    docs = tmp_path / "docs" / "benchmarks.md"
+    report = rehearse(tmp_path / "rehearsal", quick=True, markdown=str(docs))
+    saved = json.loads((tmp_path / "docs" / "results" / "rehearsal-quick.json").read_text())
+    assert [row[0] for row in saved["blocks"][1]["rows"]] == [s["name"] for s in report["steps"]]
+    assert "<!-- results:rehearsal-quick -->" in docs.read_text()
     names = [s["name"] for s in report["steps"]]
     assert names[:2] == ["stand-ins", "train LoRA"] and "publish --pad-vocab-to-target" in names
     assert all(s["checks"] for s in report["steps"])

@@ -83,3 +83,31 @@ def test_a_report_of_another_schema_or_a_missing_report_is_named(tmp_path, capsy
 
 def test_the_repositorys_docs_match_their_committed_reports():
     assert main(["--check", "--root", str(REPO)]) == 0
+
+
+def test_the_headline_view_is_one_paragraph_with_intervals_and_the_paired_difference(tmp_path):
+    doc = _docs(tmp_path, REPORT)
+    doc.write_text("# README\n\n<!-- results:real@headline -->\n<!-- /results:real@headline -->\n")
+    assert main(["--root", str(tmp_path)]) == 0
+    text = doc.read_text()
+    assert "Greedy, k = 2, bfloat16, 30 gsm8k prompts × ≤ 256 tokens (`docs/results/real.json`" in text
+    assert "distilled acceptance 0.870 [0.850, 0.890], decode speedup 1.70× [1.60, 1.80]" in text
+    assert "distilled − base: acceptance +0.040 [+0.020, +0.060]" in text and "(outside noise for acceptance)" in text
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+
+
+LOAD = {"cpus": 2, "torch_threads": 2, "others_cores": 0.02, "loadavg_start": [0.5], "loadavg_end": [1.9], "busy": False, "warning": None}
+
+
+def test_a_benchmark_report_renders_as_its_section_and_an_unknown_schema_is_named(tmp_path, capsys):
+    from distill.common.docs import benchmark_report, table
+
+    record = benchmark_report("bench_x", "Tiny bench", "python scripts/bench_x.py", [table(["draft", "acceptance"], [["kd", 0.6251]]), "notes"], LOAD, {})
+    doc = _docs(tmp_path, record)
+    assert main(["--root", str(tmp_path)]) == 0
+    text = doc.read_text()
+    assert "## Tiny bench\n\n```\npython scripts/bench_x.py\n```\n\n| draft | acceptance |\n| --- | --- |\n| kd | 0.625 |\n\nnotes\n\n" in text
+    assert "other processes used 0.02 of 2 cores" in text
+    (tmp_path / "docs" / "results" / "real.json").write_text(json.dumps({**record, "schema_version": 9}))
+    assert main(["--root", str(tmp_path)]) == 2
+    assert "has schema 9; this distill renders schema 1" in capsys.readouterr().err

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import json
+import os
 import stat
 
 import pytest
@@ -154,3 +156,21 @@ def test_a_damaged_folder_is_one_line_naming_the_file(damage, tiny, tokenizer, t
         load_model(folder, what="draft")
     message = str(err.value)
     assert str(folder) in message and "\n" not in message and "draft" in message
+
+
+def _mapped(folder) -> list[str]:
+    """The lines of /proc/self/maps that map a file of `folder` into this process."""
+    return [line for line in open("/proc/self/maps").read().splitlines() if str(folder) in line]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_weights_are_read_into_memory_not_left_mapped_from_the_checkpoint(tiny, tmp_path):
+    """A checkpoint already in the dtype asked for stays memory-mapped by default, and the kernel may drop those
+    pages whenever it reclaims memory, each re-read stalling decoding (the real bf16 draft measured c = 0.67
+    against 0.46 so). The loader reads the weights into the process's own memory instead."""
+    folder = tmp_path / "bf16"
+    copy.deepcopy(tiny).to(torch.bfloat16).save_pretrained(folder)
+    loaded = load_model(folder, dtype="bfloat16")
+    assert loaded.dtype == torch.bfloat16 and _mapped(folder) == []
+    mapped = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)  # transformers' default: the file stays mapped
+    assert _mapped(folder) and torch.equal(_logits(loaded), _logits(mapped))

@@ -40,7 +40,7 @@ def test_bench_batch_runs_every_batch_size_and_mode(pair, tmp_path):
     done = bench_batch(*args, "--max-new-tokens", "12", "--repeats", "1", "--output", md)
     assert done.returncode == 0, done.stderr[-3000:]  # greedy identity held for every row
     text = md.read_text()
-    assert "<!-- bench_batch-custom -->" in text and "python scripts/bench_batch.py --target " in text
+    assert "<!-- results:bench_batch-custom -->" in text and "python scripts/bench_batch.py --target " in text
     rows = [line for line in text.splitlines() if line.startswith("| greedy") or line.startswith("| sampled")]
     assert len(rows) == 4 and all(r.split("|")[10].strip() == "4/4" for r in rows if "greedy" in r)
 

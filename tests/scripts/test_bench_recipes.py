@@ -79,7 +79,7 @@ def test_study_smoke_run_writes_table_plot_and_resumes(tmp_path):
     assert results["forward KL · target responses"]["generation_s"] > 0 and results[CE]["generation_s"] == 0
     assert len((work / "recipes" / "target-responses.jsonl").read_text().splitlines()) == 48
     text = docs.read_text()
-    assert text.count("<!-- bench_recipes -->") == 1 and command_line("bench_recipes", argv) in text and "Spearman" in text
+    assert text.count("<!-- results:bench_recipes -->") == 1 and command_line("bench_recipes", argv) in text and "Spearman" in text
     assert all(name in text for name in only) and plot.stat().st_size > 0
     draft = work / "recipes" / "ce" / "draft" / "model.safetensors"
     before = draft.stat().st_mtime_ns
@@ -98,5 +98,5 @@ def test_study_smoke_run_writes_table_plot_and_resumes(tmp_path):
         assert row["greedy_identity"] == 1.0 and row["reference_s"] == pytest.approx(winner["train_cpu_s"] - winner["generation_s"])
         assert row["train_cpu_s"] > row["reference_s"] + row["generation_s"]
     text = docs.read_text()
-    assert text.count("<!-- bench_adaspec -->") == 1 and "AdaSPEC keep 0.5 · target responses" in text
+    assert text.count("<!-- results:bench_adaspec -->") == 1 and "AdaSPEC keep 0.5 · target responses" in text
     assert f"| reference: {WINNER} | 2 | " in text and " pts | " in text  # the reference first, the others as points over it

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distill.commands.render_docs import main as render_docs
 from distill.common.benchmarks import command_line, report
-from distill.common.docs import markdown_table
+from distill.common.docs import table
 from distill.common.io import read_jsonl
 from distill.common.prompts import chat_prompts
 from distill.common.provenance import MachineLoad
@@ -60,17 +61,21 @@ def test_read_jsonl_takes_the_first_rows_and_names_a_missing_file(tmp_path):
         read_jsonl(tmp_path / "missing.jsonl")
 
 
-def test_report_writes_its_section_with_the_command(tmp_path, capsys):
-    docs = tmp_path / "benchmarks.md"
-    table = markdown_table(["draft", "held-out 1 − TVD"], [["ce", 0.61]])
+def test_report_writes_its_report_and_the_section_rendered_from_it(tmp_path, capsys):
+    docs = tmp_path / "docs" / "benchmarks.md"
     cmd = command_line("bench_train", ["tiny", "--steps", "200", "--work", "a b"])
     assert cmd == "python scripts/bench_train.py tiny --steps 200 --work 'a b'"
     load = MachineLoad().start()
-    report("bench_train_tiny", "Tiny", cmd, table, "notes", docs, load)
-    report("bench_train_tiny", "Tiny", cmd, table.replace("0.61", "0.62"), "notes", docs, load)
+    report("bench_train_tiny", "Tiny", cmd, [table(["draft", "held-out 1 − TVD"], [["ce", 0.61]]), "notes"], docs, load)
+    report("bench_train_tiny", "Tiny", cmd, [table(["draft", "held-out 1 − TVD"], [["ce", 0.62]]), "notes"], docs, load)
     text = docs.read_text()
-    assert text.count("<!-- bench_train_tiny -->") == 1 and "0.62" in text and "0.61" not in text
+    assert text.count("<!-- results:bench_train_tiny -->") == 1 and "| ce | 0.62 |" in text and "0.61" not in text
     assert cmd in text and "Machine load while timed" in text and cmd in capsys.readouterr().out
+    saved = json.loads((tmp_path / "docs" / "results" / "bench_train_tiny.json").read_text())
+    assert saved["blocks"][0]["rows"] == [["ce", 0.62]] and saved["environment"]["torch"] and saved["machine_load"]["cpus"] >= 1
+    assert render_docs(["--check", "--root", str(tmp_path)]) == 0
+    docs.write_text(text.replace("| ce | 0.62 |", "| ce | 0.63 |"))  # a figure edited by hand
+    assert render_docs(["--check", "--root", str(tmp_path)]) == 1
 
 
 def test_trl_dataset_is_conversational_prompts():

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The trimmed-vocabulary study behind docs/benchmarks.md's "Trimmed vocabulary" tables: the base and the
+# distilled Coder-0.5B draft with their LM heads cut afterwards to K = 8k / 16k / 32k rows (counted on the
+# target's own answers to the training prompts), and a draft trained with the trimmed head, under Coder-1.5B
+# on the held-out GSM8K prompts of the real-pair study (the first 30 of the seed-0 shuffle).
+#
+#   scripts/trimmed_vocab_study.sh sweep       # coverage, c and predicted speedup per K (distill bench; ~15 min)
+#   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
+#   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K (~50 min: the generations are reused)
+#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4 h on 2 idle cores; resumable: run it again)
+#
+# Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16) on an idle machine:
+# a report whose machine-load record shows other processes above 0.1 cores is refused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=${DISTILL_REAL_DIR:-$HOME/.cache/distill-real}
+DISTILLED=${DISTILLED:-runs/qwen2.5-coder-0.5b-from-1.5b-cpu}
+GENERATIONS=${GENERATIONS:-runs/qwen2.5-coder-1.5b-gsm8k-train-256/generations.jsonl}  # the target's answers to the 256 training prompts
+TRAINED_K=${TRAINED_K:-32768}
+TRAINED=runs/qwen2.5-coder-0.5b-from-1.5b-vocab${TRAINED_K}-cpu
+SIZES=(8192 16384 32768)
+TEST=../shared/data/gsm8k/test.jsonl
+
+drafts=(--draft "base=$R/coder-0.5b" --draft "distilled=$DISTILLED")
+for K in "${SIZES[@]}"; do drafts+=(--draft "base-$((K / 1024))k=runs/trim/base-$K" --draft "distilled-$((K / 1024))k=runs/trim/distilled-$K"); done
+drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
+
+accept() {  # name, then distill accept options
+  local name=$1; shift
+  python eval/acceptance.py --target "$R/coder-1.5b" "${drafts[@]}" --tasks gsm8k --data-file "gsm8k=$TEST" --seed 0 \
+    --num-draft-tokens 3 "$@" --output-dir "eval-output/trimmed-$name"
+  python - "eval-output/trimmed-$name/report.json" <<'PY'
+import json, sys
+load = json.load(open(sys.argv[1]))["machine_load"]
+if (load.get("others_cores") or 0) > 0.1:
+    sys.exit(f"{sys.argv[1]}: other processes took {load['others_cores']:.2f} cores while it was timed: rerun on an idle machine")
+PY
+  cp "eval-output/trimmed-$name/report.json" "docs/results/trimmed_vocab_$name.json"
+}
+
+for one in ${@:-sweep trim train bf16 fp32}; do
+  case $one in
+    sweep) distill bench --target "$R/coder-1.5b" --draft "$DISTILLED" --dtype bfloat16 --ks 1..6 --num-prompts 8 \
+             --vocab-sizes 8192,16384,32768,65536 --vocab-from "$GENERATIONS" --coverage-from "$TEST" \
+             --markdown docs/benchmarks.md --section trimmed_vocab_sweep ;;
+    trim) for K in "${SIZES[@]}"; do
+            for pair in "base=$R/coder-0.5b" "distilled=$DISTILLED"; do
+              out=runs/trim/${pair%%=*}-$K
+              [ -e "$out/config.json" ] || distill trim-vocab "${pair#*=}" "$out" --size "$K" --from "$GENERATIONS"
+            done
+          done ;;
+    train) distill train recipes/qwen2.5-coder-0.5b-from-1.5b-cpu.yaml --set target.name_or_path="$R/coder-1.5b" \
+             --set draft.name_or_path="$R/coder-0.5b" --set data.dataset=../shared/data/gsm8k/train.jsonl \
+             --set draft.vocab.size="$TRAINED_K" --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
+    bf16) accept bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --dtype bfloat16 ;;
+    fp32) accept fp32 --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
+    *) echo "unknown step $one: choose sweep, trim, train, bf16 or fp32" >&2; exit 2 ;;
+  esac
+done
+distill docs
