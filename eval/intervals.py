@@ -40,7 +40,15 @@ class Interval:
 
     def __format__(self, spec: str) -> str:
         """`f"{iv:.3f}"` -> "0.870 [0.850, 0.889]"."""
-        return f"{format(self.value, spec)} [{format(self.low, spec)}, {format(self.high, spec)}]"
+        return format_interval(self.to_dict(), spec)
+
+
+def format_interval(figure: dict[str, float] | None, fmt: str, suffix: str = "") -> str:
+    """'0.870 [0.850, 0.889]' from an interval record (`Interval.to_dict`, as reports keep it), `suffix` after
+    the value; – when absent."""
+    if not figure:
+        return "–"
+    return f"{format(figure['value'], fmt)}{suffix} [{format(figure['low'], fmt)}, {format(figure['high'], fmt)}]"
 
 
 def _safe(num: np.ndarray, den: np.ndarray) -> np.ndarray:

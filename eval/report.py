@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from distill.common.io import atomic_write, to_json
+from distill.eval.intervals import format_interval
 
 ACCEPTANCE_PLOT = "acceptance_per_position.png"
 SPEEDUP_PLOT = "speedup_vs_k.png"
@@ -96,7 +97,7 @@ def _iv(row: dict[str, Any], name: str, fmt: str, suffix: str = "") -> str:
     """A figure with its 95% interval, "0.870 [0.850, 0.889]", from a row's `intervals` (schema 2), else the figure alone."""
     iv = (row.get("intervals") or {}).get(name)
     if isinstance(iv, dict):
-        return f"{format(iv['value'], fmt)}{suffix} [{format(iv['low'], fmt)}, {format(iv['high'], fmt)}]"
+        return format_interval(iv, fmt, suffix)
     return _f(row.get(name), fmt) + (suffix if row.get(name) is not None else "")
 
 
@@ -132,8 +133,9 @@ def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list
 
 
 def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str]:
-    """Where each draft's decode time goes per round, and how well the speed model predicts it."""
-    lines = [
+    """Where each draft's decode time goes per round, and how well the speed model predicts it; nothing when
+    no draft has the loop's own clocks."""
+    header = [
         "",
         f"{heading} Where the decode time goes (per round, all tasks' prompts at the main k)",
         "",
@@ -142,13 +144,14 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
         "| predicted | (forwards only) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for name, entry in report["drafts"].items():
         for task, r in entry["tasks"].items():
             d = r.get("decomposition") or {}
             if "draft_s_per_round" not in d:  # a report without the loop's own clocks (older, or one without timings)
                 continue
             loop = d.get("in_loop") or {}
-            lines.append(
+            rows.append(
                 f"| {name} | {task} | {d['draft_s_per_round'] * 1e3:.1f} | {d['verify_s_per_round'] * 1e3:.1f} | {d['bookkeeping_s_per_round'] * 1e3:.2f} "
                 f"| {_f(d.get('parts_over_decode_time'), '.3f')} | {_f(loop.get('c'), '.3f')} | {_f(loop.get('v'), '.3f')} "
                 f"| {_f((entry.get('costs') or {}).get('c'), '.3f')} | {d['tokens_per_round']:.3f} | {d['predicted_tokens_per_round']:.3f} "
@@ -156,7 +159,7 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
                 f"| {_f(d.get('target_only_overhead'), '.3f')} | {_f(r.get('decode_speedup'), '.3f')}× | {_f(d.get('predicted_decode_speedup'), '.3f')}× "
                 f"| {_f(d.get('predicted_decode_speedup_forwards_only'), '.3f')}× |"
             )
-    return lines if len(lines) > 5 else []
+    return header + rows if rows else []
 
 
 def _comparison_table(report: dict[str, Any]) -> list[str]:

@@ -20,11 +20,11 @@ from transformers import PreTrainedTokenizerBase
 
 from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import Block, render_blocks, table
+from distill.common.docs import Block, table
 from distill.common.io import read_jsonl
 from distill.common.models import load_model, load_tokenizer
 from distill.common.prompts import chat_prompt_ids
-from distill.common.provenance import MachineLoad, describe, environment, warn
+from distill.common.provenance import MachineLoad, environment
 from distill.common.vocab import cut_at_eos
 from distill.speculative import SpeculativeDecoder
 from distill.speculative.batch import left_pad
@@ -255,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     load.stop()
     blocks = render(rows, args, target_path, draft_path)
-    if args.output:
-        report("bench_batch" + ("" if not args.target else "-custom"), TITLE, command_line("bench_batch", argv), blocks, args.output, load, "bench_batch")
-    else:
-        print(f"## {TITLE}\n\n{render_blocks(blocks)}\n\n{describe(load.report())}")
-        warn(load.report(), "bench_batch")
+    report("bench_batch" + ("" if not args.target else "-custom"), TITLE, command_line("bench_batch", argv), blocks, args.output, load, "bench_batch")
     greedy = [r for r in rows if r["mode"] == "greedy"]
     return 0 if all(r["greedy_identity"].split("/")[0] == r["greedy_identity"].split("/")[1] for r in greedy) else 1
 

@@ -22,10 +22,10 @@ import torch
 
 from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import Block, render_blocks, table
+from distill.common.docs import Block, table
 from distill.common.models import load_model, load_tokenizer
 from distill.common.prompts import chat_prompts
-from distill.common.provenance import MachineLoad, describe, environment, warn
+from distill.common.provenance import MachineLoad, environment
 from distill.common.tiny import make_examples, random_pair
 from distill.speculative import SpeculativeDecoder
 
@@ -267,19 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     m = measure(methods, prompts, timers, tok, args, warmup_s)
     load.stop()
     title, blocks = render(m, args, target, draft, len(prompts))
-    if args.output:
-        report(
-            args.section or ("bench_decode" + ("" if not args.target else "-custom")),
-            title,
-            command_line("bench_decode", argv),
-            blocks,
-            args.output,
-            load,
-            "bench_decode",
-        )
-    else:
-        print(f"## {title}\n\n{render_blocks(blocks)}\n\n{describe(load.report())}")
-        warn(load.report(), "bench_decode")
+    report(
+        args.section or ("bench_decode" + ("" if not args.target else "-custom")),
+        title,
+        command_line("bench_decode", argv),
+        blocks,
+        args.output,
+        load,
+        "bench_decode",
+    )
     return 0 if m.identical or args.dtype != "float32" else 1  # identity is guaranteed in float32 only
 
 

@@ -27,7 +27,7 @@ import torch
 
 from distill.common.benchmarks import command_line, report
 from distill.common.clock import Clock
-from distill.common.docs import Block, render_blocks, table
+from distill.common.docs import Block, table
 from distill.common.provenance import MachineLoad, environment
 from distill.training.losses import DIVERGENCES, distillation_loss, fused_divergence
 
@@ -126,11 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             best["peak"], best["baseline"] = max(best["peak"], r["peak"]), min(best["baseline"], r["baseline"])
 
     title, blocks = render(results, variants, args)
-    cmd = command_line("bench_loss", argv)
-    if args.docs:
-        report("bench_loss" + ("-topk" if args.teacher == "topk" else ""), title, cmd, blocks, args.docs, load.stop(), "bench_loss")
-    else:
-        print(f"## {title}\n\n`{cmd}`\n\n{render_blocks(blocks)}")
+    report("bench_loss" + ("-topk" if args.teacher == "topk" else ""), title, command_line("bench_loss", argv), blocks, args.docs, load.stop(), "bench_loss")
 
 
 def render(results: dict[str, dict], variants: list[str], args: argparse.Namespace) -> tuple[str, list[Block]]:

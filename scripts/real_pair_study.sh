@@ -12,6 +12,7 @@
 # cores is refused here (rerun it when the machine is quiet: its outputs are reused, its timings not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/idle.sh
 R=${DISTILL_REAL_DIR:-$HOME/.cache/distill-real}
 DISTILLED=${DISTILLED:-runs/qwen2.5-coder-0.5b-from-1.5b-cpu}
 common=(--target "$R/coder-1.5b" --draft "base=$R/coder-0.5b" --draft "distilled=$DISTILLED"
@@ -21,12 +22,7 @@ run() {  # name, then distill accept options
   local name=$1; shift
   local out="eval-output/real-${name//_/-}"
   python eval/acceptance.py "${common[@]}" "$@" --output-dir "$out"
-  python - "$out/report.json" <<'PY'
-import json, sys
-load = json.load(open(sys.argv[1]))["machine_load"]
-if (load.get("others_cores") or 0) > 0.1:
-    sys.exit(f"{sys.argv[1]}: other processes took {load['others_cores']:.2f} cores while it was timed: rerun on an idle machine")
-PY
+  idle_or_fail "$out/report.json"
   mkdir -p docs/results
   cp "$out/report.json" "docs/results/real_pair_$name.json"
 }

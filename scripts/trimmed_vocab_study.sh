@@ -13,6 +13,7 @@
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/idle.sh
 R=${DISTILL_REAL_DIR:-$HOME/.cache/distill-real}
 DISTILLED=${DISTILLED:-runs/qwen2.5-coder-0.5b-from-1.5b-cpu}
 GENERATIONS=${GENERATIONS:-runs/qwen2.5-coder-1.5b-gsm8k-train-256/generations.jsonl}  # the target's answers to the 256 training prompts
@@ -29,12 +30,7 @@ accept() {  # name, then distill accept options
   local name=$1; shift
   python eval/acceptance.py --target "$R/coder-1.5b" "${drafts[@]}" --tasks gsm8k --data-file "gsm8k=$TEST" --seed 0 \
     --num-draft-tokens 3 "$@" --output-dir "eval-output/trimmed-$name"
-  python - "eval-output/trimmed-$name/report.json" <<'PY'
-import json, sys
-load = json.load(open(sys.argv[1]))["machine_load"]
-if (load.get("others_cores") or 0) > 0.1:
-    sys.exit(f"{sys.argv[1]}: other processes took {load['others_cores']:.2f} cores while it was timed: rerun on an idle machine")
-PY
+  idle_or_fail "eval-output/trimmed-$name/report.json"
   cp "eval-output/trimmed-$name/report.json" "docs/results/trimmed_vocab_$name.json"
 }
 

@@ -28,10 +28,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from distill.commands.synthetic import merge_stats, synthetic_sweep
 from distill.commands.vocab_sweep import check_sweep, parse_sizes, vocab_sweep, vocab_sweep_blocks
 from distill.common.benchmarks import report as write_benchmark
-from distill.common.docs import Block, render_blocks, table
+from distill.common.docs import Block, table
 from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_model, load_tokenizer
-from distill.common.provenance import MachineLoad, describe, environment, warn
+from distill.common.provenance import MachineLoad, environment
 from distill.common.tiny import make_examples, random_pair
 from distill.common.trim import draft_to_target
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree
@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     title, blocks = f"distill bench: {names['target']} / {names['draft']}", docs_blocks(report, args)
     if args.json:
         write_json(args.json, report)
-    if args.markdown:
-        write_benchmark(args.section, title, report["settings"]["command"], blocks, args.markdown, report["machine_load"], "distill bench")
-    else:
-        print(f"## {title}\n\n{render_blocks(blocks)}\n\n{describe(report['machine_load'])}")
-        warn(report["machine_load"], "distill bench")
+    write_benchmark(args.section, title, report["settings"]["command"], blocks, args.markdown, report["machine_load"], "distill bench")
     return 0
 
 

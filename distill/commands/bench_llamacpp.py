@@ -41,7 +41,7 @@ from distill.common.docs import table as table_block
 from distill.common.io import write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
-from distill.eval.intervals import bootstrap, difference, ratio, ratio_of_ratios
+from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
@@ -330,13 +330,6 @@ def comparisons(report: dict[str, Any], reference: str, ours: dict[str, Any] | N
     return out
 
 
-def _iv(figure: dict[str, Any] | None, fmt: str, suffix: str = "") -> str:
-    """'0.847 [0.82, 0.87]' from an interval record; – when absent."""
-    if not figure:
-        return "–"
-    return f"{format(figure['value'], fmt)}{suffix} [{format(figure['low'], fmt)}, {format(figure['high'], fmt)}]"
-
-
 HEADER = ["system", "draft type", "acceptance (llama.cpp)", "accepted / drafted", "tokens/s", "speedup", "acceptance (distill decoder)"]
 COMPARISON_HEADER = ["difference", "llama.cpp", "distill decoder", "llama.cpp − distill"]
 
@@ -352,10 +345,10 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
             [
                 name,
                 d["outtype"],
-                _iv(iv.get("acceptance"), ".3f") if iv else f"{d['acceptance']:.3f}",
+                format_interval(iv.get("acceptance"), ".3f") if iv else f"{d['acceptance']:.3f}",
                 f"{d['n_accept']}/{d['n_drafted']}",
                 round(d["tokens_per_s"], 2),
-                _iv(iv.get("speedup"), ".2f", "×") if iv else f"{d['speedup']:.2f}×",
+                format_interval(iv.get("speedup"), ".2f", "×") if iv else f"{d['speedup']:.2f}×",
                 mine,
             ]
         )
@@ -367,8 +360,8 @@ def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
     return [
         [
             f"{c['draft']} − {c['reference']}",
-            _iv(c["llama_cpp"], "+.3f") + ("*" if c["llama_cpp"].get("outside_noise") else ""),
-            _iv(c["ours"], "+.3f"),
+            format_interval(c["llama_cpp"], "+.3f") + ("*" if c["llama_cpp"].get("outside_noise") else ""),
+            format_interval(c["ours"], "+.3f"),
             "–" if c["llama_cpp_minus_ours"] is None else f"{c['llama_cpp_minus_ours']:+.3f}",
         ]
         for c in report.get("comparisons") or []

@@ -196,10 +196,10 @@ def render(terms: dict[str, float]) -> str:
 
 
 def check(config_paths: Sequence[str], markdown: str | None, argv: Sequence[str] | None) -> int:
-    """`distill memory --check CONFIG ...`: the estimate's per-token terms measured on this CPU, printed as a
-    table; with `markdown`, written as the memory_check section of that file with its report beside it."""
+    """`distill memory --check CONFIG ...`: the estimate's per-token terms measured on this CPU, printed; with
+    `markdown`, also written as the memory_check section of that file with its report beside it."""
     from distill.common.benchmarks import report
-    from distill.common.docs import markdown_table, table
+    from distill.common.docs import table
     from distill.common.provenance import MachineLoad
 
     load = MachineLoad().start()
@@ -209,9 +209,6 @@ def check(config_paths: Sequence[str], markdown: str | None, argv: Sequence[str]
         [r["term"], r["tokens"], round(r["measured"] / 2**20), round(r["estimated"] / 2**20), round(r["measured"] / r["estimated"], 2)]
         for r in measure(configs)
     ]
-    if not markdown:
-        print(markdown_table(header, rows))
-        return 0
     notes = (
         f"float32 on this CPU, peak RSS from /proc in one process. The fused loss keeps ~{LOSS_CHUNK_COPIES} fp32 chunk × vocab "
         "copies at its peak; `distill memory RECIPE` uses that figure. docs/gpu-plan.md has the estimates at the real shapes."

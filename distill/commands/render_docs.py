@@ -23,19 +23,13 @@ from typing import Any
 
 from distill.common.docs import markdown_table, render_benchmark
 from distill.common.io import atomic_write
+from distill.eval.intervals import format_interval
 from distill.eval.report import decomposition_table, sweep_tables
 
 DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
 RESULTS = "docs/results"
 SECTION = re.compile(r"<!-- results:(?P<name>[\w.-]+(?:@(?P<view>\w+))?) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
 READS = (2,)  # acceptance report schemas this renderer reads
-
-
-def _iv(figure: dict[str, Any] | None, fmt: str, suffix: str = "") -> str:
-    """'0.870 [0.850, 0.889]' from an interval record; – when absent."""
-    if not figure:
-        return "–"
-    return f"{format(figure['value'], fmt)}{suffix} [{format(figure['low'], fmt)}, {format(figure['high'], fmt)}]"
 
 
 def _prompts(report: dict[str, Any], task: str) -> str:
@@ -59,12 +53,12 @@ def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
         rows.append(
             [
                 name,
-                _iv(iv.get("acceptance_rate"), ".3f"),
-                " / ".join(_iv(p, ".2f") for p in iv.get("per_position_acceptance", [])),
-                _iv(iv.get("tokens_per_target_forward"), ".2f"),
-                _iv(iv.get("decode_speedup"), ".2f", "×"),
+                format_interval(iv.get("acceptance_rate"), ".3f"),
+                " / ".join(format_interval(p, ".2f") for p in iv.get("per_position_acceptance", [])),
+                format_interval(iv.get("tokens_per_target_forward"), ".2f"),
+                format_interval(iv.get("decode_speedup"), ".2f", "×"),
                 "–" if dec.get("predicted_decode_speedup") is None else f"{dec['predicted_decode_speedup']:.2f}×",
-                _iv(iv.get("end_to_end_speedup"), ".2f", "×"),
+                format_interval(iv.get("end_to_end_speedup"), ".2f", "×"),
                 "–" if r.get("greedy_identity") is None else f"{r['identical_outputs']}/{r['num_prompts']}",
             ]
         )
@@ -117,7 +111,7 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
                 [
                     [c["task"], f"{c['draft']} − {c['reference']}"]
                     + [
-                        _iv(c.get(f), "+.3f") + ("*" if (c.get(f) or {}).get("outside_noise") else "")
+                        format_interval(c.get(f), "+.3f") + ("*" if (c.get(f) or {}).get("outside_noise") else "")
                         for f in ("acceptance_rate", "tokens_per_target_forward", "decode_speedup")
                     ]
                     for c in comparisons
@@ -143,11 +137,11 @@ def render_headline(name: str, report: dict[str, Any]) -> str:
             r, iv = entry["tasks"][task], entry["tasks"][task].get("intervals") or {}
             identity = "" if r.get("greedy_identity") is None else f", output equal to the target's on {r['identical_outputs']}/{r['num_prompts']} prompts"
             drafts.append(
-                f"{draft} acceptance {_iv(iv.get('acceptance_rate'), '.3f')}, decode speedup {_iv(iv.get('decode_speedup'), '.2f', '×')}, "
-                f"end-to-end {_iv(iv.get('end_to_end_speedup'), '.2f', '×')}{identity}"
+                f"{draft} acceptance {format_interval(iv.get('acceptance_rate'), '.3f')}, decode speedup {format_interval(iv.get('decode_speedup'), '.2f', '×')}, "
+                f"end-to-end {format_interval(iv.get('end_to_end_speedup'), '.2f', '×')}{identity}"
             )
         diffs = [
-            f"{c['draft']} − {c['reference']}: acceptance {_iv(c.get('acceptance_rate'), '+.3f')}, decode speedup {_iv(c.get('decode_speedup'), '+.3f')} "
+            f"{c['draft']} − {c['reference']}: acceptance {format_interval(c.get('acceptance_rate'), '+.3f')}, decode speedup {format_interval(c.get('decode_speedup'), '+.3f')} "
             f"({'outside' if (c.get('acceptance_rate') or {}).get('outside_noise') else 'within'} noise for acceptance)"
             for c in report.get("comparisons") or []
             if c["task"] == task

@@ -24,17 +24,18 @@ def command_line(script: str, argv: Sequence[str] | None = None) -> str:
 
 
 def report(
-    section: str, title: str, cmd: str, blocks: Sequence[Block], docs: str | os.PathLike, load: MachineLoad | dict[str, Any], prog: str = "bench"
+    section: str, title: str, cmd: str, blocks: Sequence[Block], docs: str | os.PathLike | None, load: MachineLoad | dict[str, Any], prog: str = "bench"
 ) -> str:
-    """Write the benchmark's report to results/`section`.json beside `docs` and its rendering as the
-    section `results:section` of `docs` (what `distill docs` re-renders and checks), with the machine's
-    load since `load` started, or as `load` recorded it (timings are only as good as the machine was idle);
-    prints and returns the text."""
+    """Print the benchmark's section, with the machine's load since `load` started, or as `load` recorded
+    it (timings are only as good as the machine was idle), and return its text; given `docs`, also write
+    the report to results/`section`.json beside it and the section `results:section` of `docs` rendered
+    from it (what `distill docs` re-renders and checks)."""
     busy = load if isinstance(load, dict) else load.report()
     record = benchmark_report(section, title, cmd, blocks, busy, environment())
     text = render_benchmark(record)
     print(text)
     warn(busy, prog)
-    write_json(Path(docs).parent / "results" / f"{section}.json", record)
-    write_section(docs, f"results:{section}", text)
+    if docs:
+        write_json(Path(docs).parent / "results" / f"{section}.json", record)
+        write_section(docs, f"results:{section}", text)
     return text
