@@ -32,6 +32,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from distill.arguments import default_device, parser, quiet_cpu_deepspeed
 from distill.common import prompts
+from distill.common.io import file_stamp
 from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.common.provenance import MachineLoad, environment, warn
 from distill.common.trim import draft_to_target
@@ -133,29 +134,14 @@ class Settings:
         calls_only = ("drafts", "draft_alone", "ks", "sweep_samples", "num_samples", "templates", "fewshot_files")  # each call keyed by its prompts, system, k
         keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", *calls_only)}
         sources = [self.target, *self.data_files.values()]
-        keyed["files"] = {src: _stamp(Path(src)) for src in sources if Path(src).exists()}
+        keyed["files"] = {src: file_stamp(Path(src)) for src in sources if Path(src).exists()}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
     def draft_stamp(self, name: str) -> str:
         """A hash of one draft's path and files: a retrained or replaced draft is measured afresh."""
         path = next(d.path for d in self.drafts if d.name == name)
-        stamp = [path, _stamp(Path(path)) if Path(path).exists() else None]
+        stamp = [path, file_stamp(Path(path)) if Path(path).exists() else None]
         return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]
-
-
-HASHED_BYTES = 64 << 20  # files up to this size are stamped by content, larger ones (weights) by size and time
-
-
-def _stamp(path: Path) -> list:
-    """The content hash of each small file (a data file or config copied or remounted keeps its stamp),
-    and size and modification time of each large one, for a local file or every file under a folder."""
-    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
-
-    def one(f: Path) -> tuple:
-        size = f.stat().st_size
-        return (size, hashlib.sha256(f.read_bytes()).hexdigest()) if size <= HASHED_BYTES else (size, f.stat().st_mtime_ns)
-
-    return [(str(f.relative_to(path)) if f != path else f.name, *one(f)) for f in files]
 
 
 def parse_drafts(values: Iterable[str]) -> list[DraftSource]:

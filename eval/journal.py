@@ -1,5 +1,5 @@
 """The acceptance evaluation's journal: every finished generate call, appended as it finishes, with
-the timing run that made it.
+the timing run that made it (the llama.cpp benchmark journals each prompt's runs the same way).
 
 A run is one invocation of the evaluation (`run_id`, start time, machine, torch threads; its machine
 load is appended when it ends). Outputs and acceptance of any run may be reused; a timing is only
@@ -54,7 +54,7 @@ class Journal:
     """Append-only JSONL: a header (fingerprint, version), run lines and call records. Reloaded when
     the settings match; started afresh (the old file moved aside, not lost) when they do not."""
 
-    def __init__(self, path: Path, fingerprint: str):
+    def __init__(self, path: Path, fingerprint: str, prog: str = "distill accept"):
         self.path = path
         self.records: dict[str, list[dict[str, Any]]] = {}  # key -> its calls, oldest first
         self.runs: dict[str, dict[str, Any]] = {}
@@ -64,7 +64,7 @@ class Journal:
         if lines and (head or {}).get("fingerprint") != fingerprint:
             kept = path.with_name(f"{path.stem}.{(head or {}).get('fingerprint', 'unknown')}{path.suffix}")
             path.replace(kept)
-            print(f"distill accept: {path} holds a run with other settings or files; starting afresh (the old journal kept as {kept.name})", file=sys.stderr)
+            print(f"{prog}: {path} holds a run with other settings or files; starting afresh (the old journal kept as {kept.name})", file=sys.stderr)
             lines = []
         for line in lines[1:]:
             self._read(_json(line))

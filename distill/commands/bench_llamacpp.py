@@ -13,7 +13,8 @@ Drafts are `NAME=PATH`: a `.gguf` is used as is (e.g. the original Q4_K_M base);
 output is exported first with `distill export-gguf` in each `--outtypes` (f16,q8_0), named NAME-f16 and so
 on. Pooled over the prompts: acceptance (n_accept / n_drafted), tokens/s (decoded tokens / decode seconds)
 and the speedup over the target alone, beside this project's decoder's acceptance from a `distill accept`
-report of the same prompts (`--ours`). The report is JSON (`--json`); llama.cpp's tools are found in
+report of the same prompts (`--ours`). The report is JSON (`--json`), each prompt's runs journalled beside
+it as they finish (`distill.eval.journal`), so a stopped benchmark resumes; llama.cpp's tools are found in
 `--llama-cpp DIR` (or DIR/build/bin, DIR/bin) or on PATH, and when absent the benchmark is skipped with a
 message (exit 0). The parsing reads the lines llama.cpp's examples/speculative-simple and
 tools/completion print (llama.cpp vendored in llama-cpp-python 0.3.36).
@@ -22,6 +23,9 @@ tools/completion print (llama.cpp vendored in llama-cpp-python 0.3.36).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -38,10 +42,11 @@ from distill.commands.export_gguf import OUTTYPES, export_gguf
 from distill.common.benchmarks import report as write_benchmark
 from distill.common.docs import Block, markdown_table
 from distill.common.docs import table as table_block
-from distill.common.io import write_json
+from distill.common.io import file_stamp, write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
 from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
+from distill.eval.journal import Journal, Run
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
@@ -213,13 +218,41 @@ def ours_acceptance(report: dict[str, Any] | None, family: str, k: int, n: int, 
     settings = report.get("settings") or {}
     theirs = {
         "num_draft_tokens": settings.get("num_draft_tokens"),
-        "num_samples": settings.get("num_samples"),
+        "num_samples": (settings.get("num_samples") or {}).get("gsm8k") if isinstance(settings.get("num_samples"), dict) else settings.get("num_samples"),
         "max_new_tokens": (settings.get("max_new_tokens_per_task") or {}).get("gsm8k", settings.get("max_new_tokens")),
         "mode": settings.get("mode"),
     }
     wanted = {"num_draft_tokens": k, "num_samples": n, "max_new_tokens": max_new_tokens, "mode": "greedy"}
     differ = {key: theirs[key] for key in wanted if theirs[key] is not None and theirs[key] != wanted[key]}
     return {"draft": names[-1], "acceptance": row.get("acceptance_rate"), "settings_differ": differ or None}
+
+
+def prompt_key(pid: str, text: str) -> str:
+    """A prompt's journal key: its id and a hash of its text (another template is measured afresh)."""
+    return f"{pid}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _measure(
+    tools: dict[str, Path], target: str, drafts: dict[str, dict[str, Any]], pid: str, text: str, ids: list[int], k: int, base: list[str], runner: Runner
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """One prompt, timed together: the target alone (its prompt ids checked equal to ours), then every draft."""
+    alone = parse_completion(runner([str(tools["llama-completion"]), "-m", target, "-p", text, "-no-cnv", "--verbose-prompt", *base]))
+    if alone.prompt_ids != ids:
+        first = next((i for i, (a, b) in enumerate(zip(alone.prompt_ids, ids)) if a != b), min(len(alone.prompt_ids), len(ids)))
+        raise LlamaCppOutputError(
+            f"prompt {pid}: llama.cpp tokenizes it into {len(alone.prompt_ids)} ids, this project into {len(ids)}; first difference at "
+            f"position {first}: the tokenizers disagree, so the two decoders would not see the same prompt"
+        )
+    runs = {}
+    for name, draft in drafts.items():
+        cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *base]
+        run = parse_speculative(runner(cmd))
+        if run.n_draft != k:
+            raise LlamaCppOutputError(f"llama-speculative-simple reports n_draft = {run.n_draft}, not {k}: it ignored --spec-draft-n-max")
+        if run.n_input != len(ids):
+            raise LlamaCppOutputError(f"prompt {pid}: llama-speculative-simple encoded {run.n_input} prompt tokens, this project {len(ids)}")
+        runs[name] = {"prompt": pid, **asdict(run)}
+    return {"prompt": pid, **asdict(alone), "prompt_ids": len(alone.prompt_ids)}, runs
 
 
 def bench(
@@ -235,28 +268,27 @@ def bench(
     extra: Sequence[str] = (),
     runner: Runner,
     ours: dict[str, Any] | None = None,
+    journal: Journal | None = None,
+    load: MachineLoad | None = None,
 ) -> dict[str, Any]:
-    """Run the target alone and every draft on every prompt; the pooled figures and each run as a report dict."""
+    """Run the target alone and every draft on every prompt; the pooled figures and each run as a report dict.
+    With a `journal`, each prompt's runs are appended as they finish (with `load` so far) and a prompt already
+    journalled is reused, not rerun: a stopped benchmark resumes, every prompt's speedup within one run."""
     base = common_args(max_new_tokens, threads, ctx, extra)
     target_runs, spec_runs = [], {name: [] for name in drafts}
     for index, (pid, text, ids) in enumerate(prompts):
-        alone = parse_completion(runner([str(tools["llama-completion"]), "-m", target, "-p", text, "-no-cnv", "--verbose-prompt", *base]))
-        if alone.prompt_ids != ids:
-            first = next((i for i, (a, b) in enumerate(zip(alone.prompt_ids, ids)) if a != b), min(len(alone.prompt_ids), len(ids)))
-            raise LlamaCppOutputError(
-                f"prompt {pid}: llama.cpp tokenizes it into {len(alone.prompt_ids)} ids, this project into {len(ids)}; first difference at "
-                f"position {first}: the tokenizers disagree, so the two decoders would not see the same prompt"
-            )
-        target_runs.append({"prompt": pid, **asdict(alone), "prompt_ids": len(alone.prompt_ids)})
-        for name, draft in drafts.items():
-            cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *base]
-            run = parse_speculative(runner(cmd))
-            if run.n_draft != k:
-                raise LlamaCppOutputError(f"llama-speculative-simple reports n_draft = {run.n_draft}, not {k}: it ignored --spec-draft-n-max")
-            if run.n_input != len(ids):
-                raise LlamaCppOutputError(f"prompt {pid}: llama-speculative-simple encoded {run.n_input} prompt tokens, this project {len(ids)}")
-            spec_runs[name].append({"prompt": pid, **asdict(run)})
-        print(f"prompt {index + 1}/{len(prompts)} done", file=sys.stderr)
+        key = prompt_key(pid, text)
+        done = journal.latest(key) if journal else None
+        reused = done is not None
+        if done is None:
+            alone, runs = _measure(tools, target, drafts, pid, text, ids, k, base, runner)
+            done = {"target": alone, "drafts": runs, "run_id": None}
+            if journal:
+                done = journal.add(key, {"target": alone, "drafts": runs, "machine_load": load.report() if load else None})
+        target_runs.append({**done["target"], "run_id": done["run_id"]})
+        for name in drafts:
+            spec_runs[name].append({**done["drafts"][name], "run_id": done["run_id"]})
+        print(f"prompt {index + 1}/{len(prompts)} {'reused from ' + str(journal.path) if reused else 'done'}", file=sys.stderr)
     alone_tps = sum(r["n_eval"] for r in target_runs) / (sum(r["eval_ms"] for r in target_runs) / 1e3)
     report_drafts = {}
     for name, runs in spec_runs.items():
@@ -390,6 +422,37 @@ def docs_blocks(report: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def journal_path(report: str | os.PathLike) -> Path:
+    """The journal beside the report: llamacpp-report.json -> llamacpp-report.records.jsonl."""
+    return Path(report).with_suffix(".records.jsonl")
+
+
+def fingerprint(args: argparse.Namespace, drafts: dict[str, dict[str, Any]]) -> str:
+    """A hash of everything a timing depends on (the GGUF files by size and time, the data by content, the
+    llama.cpp options), so a rerun with the same settings resumes and any change starts the journal afresh."""
+    keyed = {
+        "target": [args.target, file_stamp(Path(args.target))],
+        "drafts": {name: [d["gguf"], file_stamp(Path(d["gguf"]))] for name, d in drafts.items()},
+        "data": file_stamp(Path(args.data_file)),
+        **{key: getattr(args, key) for key in ("seed", "max_new_tokens", "num_draft_tokens", "threads", "ctx", "llama_args", "llama_cpp")},
+    }
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_loads(journal: Journal, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The runs that timed the report's prompts, each with its machine load: at its end, or for a run that
+    was stopped, as journalled with its last prompt."""
+    used = {r["run_id"] for r in report["target_only"]["runs"]}
+    runs = {}
+    for run_id in used:
+        run = dict(journal.runs[run_id])
+        if run.get("machine_load") is None:
+            loads = [r["machine_load"] for calls in journal.records.values() for r in calls if r["run_id"] == run_id]
+            run["machine_load"] = max(loads, key=lambda m: m["wall_s"])
+        runs[run_id] = run
+    return runs
+
+
 def _version(tools: dict[str, Path], runner: Runner) -> str | None:
     try:
         text = runner([str(tools["llama-completion"]), "--version"])
@@ -419,7 +482,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ours", help="a `distill accept` JSON on the same prompts: this project's decoder's acceptance beside llama.cpp's")
     p.add_argument("--work", default="llamacpp-drafts", help="where exported drafts go (reused when present)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one llama.cpp run may take")
-    p.add_argument("--json", default="llamacpp-report.json", help="the report to write (default llamacpp-report.json)")
+    p.add_argument(
+        "--json",
+        default="llamacpp-report.json",
+        help="the report to write (default llamacpp-report.json); each prompt's runs are journalled beside it as they finish "
+        "(NAME.records.jsonl), so the same command run again resumes a stopped benchmark",
+    )
     p.add_argument("--reference", help="the draft every other is compared with, paired over the prompts (default: the first, e.g. base-f16)")
     p.add_argument("--docs", help="also write the bench_llamacpp section of this Markdown file (docs/benchmarks.md), its report in results/ beside it")
     return p
@@ -427,8 +495,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
     """scripts/bench_llamacpp.py; 0 also when llama.cpp is absent (skipped, said why), 2 on bad input."""
-    import json
-
     args = parser().parse_args(argv)
     tools = find_tools(args.llama_cpp)
     if tools is None:
@@ -450,6 +516,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
         drafts = prepare_drafts(parse_drafts(args.draft), outtypes, Path(args.work))
         tokenizer = load_tokenizer(args.tokenizer or args.target)
         prompts = gsm8k_prompts(tokenizer, args.data_file, args.num_prompts, args.seed)
+        journal = Journal(journal_path(args.json), fingerprint(args, drafts), prog="bench_llamacpp")
+        command = shlex.join(["python", "scripts/bench_llamacpp.py", *(sys.argv[1:] if argv is None else argv)])
+        journal.begin(dataclasses.replace(Run.begin("cpu", command), torch_threads=args.threads))
         report = bench(
             tools,
             args.target,
@@ -462,6 +531,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
             extra=shlex.split(args.llama_args),
             runner=run,
             ours=ours,
+            journal=journal,
+            load=load,
         )
     except (ValueError, FileNotFoundError, ModelLoadError) as err:
         print(f"bench_llamacpp: error: {' '.join(str(err).split())}", file=sys.stderr)
@@ -471,7 +542,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
         print(f"bench_llamacpp: error: --reference {reference}: no such draft; choose from {', '.join(report['drafts'])}", file=sys.stderr)
         return 2
     report["comparisons"] = comparisons(report, reference, ours)
-    busy = load.stop().report()
+    journal.end(load.stop().report())
+    runs = run_loads(journal, report)
+    busy = max((r["machine_load"] for r in runs.values()), key=lambda m: m["others_cores"] or 0.0)
     report = {
         "settings": {
             "target": args.target,
@@ -490,14 +563,14 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
         "llama_cpp": {"tools": {k: str(v) for k, v in tools.items()}, "version": _version(tools, run)},
         "environment": versions(("distill", "transformers", "gguf")),
         "seconds": round(time.time() - started, 1),
-        "machine_load": busy,
+        "machine_load": busy,  # the busiest of the runs that timed these prompts
+        "runs": runs,
         **report,
     }
     write_json(args.json, report)
     if args.docs:
-        cmd = shlex.join(["python", "scripts/bench_llamacpp.py", *(sys.argv[1:] if argv is None else argv)])
         write_benchmark(
-            "bench_llamacpp", "llama.cpp's speculative decoding with the drafts as GGUF", cmd, docs_blocks(report), args.docs, busy, "bench_llamacpp"
+            "bench_llamacpp", "llama.cpp's speculative decoding with the drafts as GGUF", command, docs_blocks(report), args.docs, busy, "bench_llamacpp"
         )
     else:
         print(f"{table(report)}\n\n{describe(busy)}")

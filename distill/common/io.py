@@ -9,6 +9,7 @@ temporary beside the target is removed when the write fails.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -60,6 +61,21 @@ def to_json(payload: Any) -> str:
 def write_json(path: str | os.PathLike, payload: Any) -> Path:
     """`payload` as indented JSON at `path`, written atomically."""
     return atomic_write(path, to_json(payload))
+
+
+HASHED_BYTES = 64 << 20  # files up to this size are stamped by content, larger ones (weights) by size and time
+
+
+def file_stamp(path: Path) -> list:
+    """The content hash of each small file (a data file or config copied or remounted keeps its stamp),
+    and size and modification time of each large one, for a local file or every file under a folder."""
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+
+    def one(f: Path) -> tuple:
+        size = f.stat().st_size
+        return (size, hashlib.sha256(f.read_bytes()).hexdigest()) if size <= HASHED_BYTES else (size, f.stat().st_mtime_ns)
+
+    return [(str(f.relative_to(path)) if f != path else f.name, *one(f)) for f in files]
 
 
 def json_lines(path: str | os.PathLike, text: str) -> list[tuple[int, dict[str, Any]]]:

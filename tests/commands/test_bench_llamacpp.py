@@ -121,7 +121,7 @@ def setup(tmp_path_factory, tiny_pair):
     rows = [{"question": f"anna has {i} apples and gets 4 more . how many ?", "answer": f"{i} + 4 = {i + 4} #### {i + 4}"} for i in range(6)]
     (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = {
-        "settings": {"num_draft_tokens": 3, "num_samples": 4, "max_new_tokens_per_task": {"gsm8k": 16}, "mode": "greedy"},
+        "settings": {"num_draft_tokens": 3, "num_samples": {"gsm8k": 4}, "max_new_tokens_per_task": {"gsm8k": 16}, "mode": "greedy"},
         "drafts": {"draft": {"tasks": {"gsm8k": {"acceptance_rate": 0.625}}}},
     }
     (root / "ours.json").write_text(json.dumps(report))
@@ -194,3 +194,45 @@ def test_a_prompt_llama_cpp_tokenizes_otherwise_is_refused(setup, tiny_pair, tmp
     assert main(args, runner=_runner(tiny_pair.tokenizer, [], shift=1)) == 2
     err = capsys.readouterr().err.strip()
     assert "the tokenizers disagree" in err and "\n" not in err and not (tmp_path / "report.json").exists()
+
+
+def test_a_stopped_benchmark_resumes_with_the_figures_of_an_uninterrupted_one(setup, tiny_pair, tmp_path, capsys):
+    tools = _fake_tools(tmp_path / "llama")
+
+    def args(out: Path, tokens: int = 16) -> list[str]:
+        return [
+            *["--llama-cpp", str(tools), "--target", str(setup / "target.gguf"), "--draft", f"draft={setup / 'draft'}"],
+            *["--data-file", str(setup / "test.jsonl"), "--num-prompts", "4", "--max-new-tokens", str(tokens), "--threads", "1", "--outtypes", "f16,q8_0"],
+            *["--work", str(tmp_path / "work"), "--json", str(out / "report.json")],
+        ]
+
+    whole = tmp_path / "whole"
+    assert main(args(whole), runner=_runner(tiny_pair.tokenizer, [])) == 0
+    stopped, calls = tmp_path / "stopped", []
+    fine = _runner(tiny_pair.tokenizer, calls)
+
+    def dies_on_the_third_prompt(cmd: list[str]) -> str:
+        if sum(c[0].endswith("llama-completion") for c in calls) == 3 and cmd[0].endswith("llama-speculative-simple"):
+            raise LlamaCppOutputError("llama-speculative-simple exited -9: killed")
+        return fine(cmd)
+
+    assert main(args(stopped), runner=dies_on_the_third_prompt) == 2 and not (stopped / "report.json").exists()
+    assert "exited -9" in capsys.readouterr().err
+    again: list = []
+    assert main(args(stopped), runner=_runner(tiny_pair.tokenizer, again)) == 0
+    assert "prompt 2/4 reused" in capsys.readouterr().err
+    measured = [c for c in again if "--version" not in c]
+    assert len(measured) == 2 * 3  # prompts 3 and 4 only: the target alone and both drafts each
+    a, b = (json.loads((out / "report.json").read_text()) for out in (whole, stopped))
+    for name in ("draft-f16", "draft-q8_0"):
+        assert {k: b["drafts"][name][k] for k in ("n_accept", "n_drafted", "tokens", "tokens_per_s", "speedup")} == {
+            k: a["drafts"][name][k] for k in ("n_accept", "n_drafted", "tokens", "tokens_per_s", "speedup")
+        }
+    assert len(b["runs"]) == 2 and all("others_cores" in r["machine_load"] for r in b["runs"].values())
+    assert b["machine_load"] in [r["machine_load"] for r in b["runs"].values()]
+    ids = [r["run_id"] for r in b["target_only"]["runs"]]
+    assert ids[0] == ids[1] != ids[2] == ids[3] and set(ids) == set(b["runs"])  # each prompt timed within one run
+    # other settings: the journal is kept aside and every prompt measured afresh
+    fresh: list = []
+    assert main(args(stopped, tokens=8), runner=_runner(tiny_pair.tokenizer, fresh)) == 0
+    assert len([c for c in fresh if "--version" not in c]) == 4 * 3 and len(list(stopped.glob("report.records.*.jsonl"))) == 1
