@@ -268,23 +268,21 @@ def bench(
     extra: Sequence[str] = (),
     runner: Runner,
     ours: dict[str, Any] | None = None,
-    journal: Journal | None = None,
-    load: MachineLoad | None = None,
+    journal: Journal,
+    load: MachineLoad,
 ) -> dict[str, Any]:
     """Run the target alone and every draft on every prompt; the pooled figures and each run as a report dict.
-    With a `journal`, each prompt's runs are appended as they finish (with `load` so far) and a prompt already
+    Each prompt's runs are appended to `journal` as they finish (with `load` so far) and a prompt already
     journalled is reused, not rerun: a stopped benchmark resumes, every prompt's speedup within one run."""
     base = common_args(max_new_tokens, threads, ctx, extra)
     target_runs, spec_runs = [], {name: [] for name in drafts}
     for index, (pid, text, ids) in enumerate(prompts):
         key = prompt_key(pid, text)
-        done = journal.latest(key) if journal else None
+        done = journal.latest(key)
         reused = done is not None
         if done is None:
             alone, runs = _measure(tools, target, drafts, pid, text, ids, k, base, runner)
-            done = {"target": alone, "drafts": runs, "run_id": None}
-            if journal:
-                done = journal.add(key, {"target": alone, "drafts": runs, "machine_load": load.report() if load else None})
+            done = journal.add(key, {"target": alone, "drafts": runs, "machine_load": load.report()})
         target_runs.append({**done["target"], "run_id": done["run_id"]})
         for name in drafts:
             spec_runs[name].append({**done["drafts"][name], "run_id": done["run_id"]})
