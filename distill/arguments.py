@@ -98,7 +98,7 @@ def _accept(p: argparse.ArgumentParser) -> None:
         "name a task's own, training and held-out templates, and a bare value of groups (--template default,held-out) applies to every task",
     )
     p.add_argument("--max-article-words", type=int, help="cut CNN/DailyMail articles to this many words (task default 512)")
-    p.add_argument("--cost-repeats", type=int, default=20, help="timed repeats per measurement of c and v(k)")
+    p.add_argument("--cost-repeats", type=int, default=20, help="timed repeats per measurement of c, c₂ (the two-token first draft step) and v(k)")
     p.add_argument("--draft-alone", action="store_true", help="also decode with each draft alone and report its own task quality")
     p.add_argument("--output-dir", default="eval-output", help="report.json, report.md, PNG plots and the resume journal")
 

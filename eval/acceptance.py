@@ -55,7 +55,7 @@ from distill.eval.measurement import ALONE, TARGET, Call, Decoding, calls_to_run
 from distill.eval.report import write_outputs
 from distill.eval.tasks import TASKS, TaskExample, get_task
 from distill.speculative import SpeculativeDecoder
-from distill.speculative.costs import Costs, best_k, measure_costs, measure_costs_many, resolve_backend
+from distill.speculative.costs import Costs, CostSampler, best_k, measure_costs, resolve_backend, spread_evenly
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 JOURNAL = "records.jsonl"
@@ -91,7 +91,7 @@ class Settings:
     device: str = "cpu"
     num_fewshot: int = 0
     max_article_words: int | None = None
-    cost_repeats: int = 20
+    cost_repeats: int = 20  # timed repeats of c, c₂ and v(k), spread over the run's generate calls (RunCosts)
     draft_alone: bool = False
     output_dir: str = "eval-output"
     fewshot_files: dict[str, str] = field(default_factory=dict)  # task -> the file its shots come from (mmlu: the dev split)
@@ -496,8 +496,8 @@ def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[lis
     return batches
 
 
-def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Journal, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Warm up, then make `calls` in order, journalling each as it finishes."""
+def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Journal, tokenizer: PreTrainedTokenizerBase, costs: RunCosts) -> None:
+    """Warm up, then make `calls` in order, journalling each as it finishes and timing the cost repeats due after it."""
     device = torch.device(settings.device)
 
     def tensors(name: str, idx: Sequence[int]) -> dict[str, torch.Tensor]:
@@ -511,7 +511,7 @@ def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Jou
     target_generate(loaded.target, warm_up, warm, settings.seed)  # kernels, allocator and caches, outside the timed calls
     for decoder in loaded.decoders.values():
         speculative_generate(decoder, warm_up, warm, settings.seed)
-    for call in tqdm(calls, desc="accept", unit="call", dynamic_ncols=True):
+    for i, call in enumerate(tqdm(calls, desc="accept", unit="call", dynamic_ncols=True)):
         batch, seed = tensors(call.task, call.examples), settings.seed + call.batch
         if call.system == TARGET or call.system.startswith(ALONE):
             model = loaded.target if call.system == TARGET else loaded.drafts[call.system.removeprefix(ALONE)]
@@ -519,25 +519,66 @@ def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Jou
         else:
             result = speculative_generate(loaded.decoders[(call.system, call.k)], batch, loaded.decoding[call.task], seed)
         journal.add(call.key, {"task": call.task, "batch": call.batch, "examples": list(call.examples), "system": call.system, "k": call.k, **result})
+        costs.after_call(i)
 
 
-def _costs(settings: Settings, loaded: Loaded, journal: Journal, batches: list[list[Call]]) -> dict[str, Costs]:
-    """c and v(k) of every draft, the target timed once with all drafts alternated, on real tokens: the
-    prompt of median length followed by the target's own answer to it."""
-    k_max = max(set(settings.ks) | {settings.num_draft_tokens})
-    targets = [(c, journal.latest(c.key)) for calls in batches for c in calls if c.system == TARGET]
-    prompts = [(loaded.encoded[c.task][i], row) for c, r in targets for i, row in zip(c.examples, r["new"])]
-    prompts.sort(key=lambda p: len(p[0]))
-    prompt, answer = prompts[len(prompts) // 2]
-    ids = (prompt + answer)[: loaded.context]
-    if len(ids) < len(prompt) + k_max + 1:  # a short answer: step random ids after the real prompt
-        ids = prompt[: loaded.context - k_max - 1] + [0] * (k_max + 1)
-    if resolve_backend("auto", loaded.target) == "static":
-        return {
-            name: measure_costs(loaded.target, model, ks=range(1, k_max + 1), prompt_len=len(prompt), repeats=settings.cost_repeats)
-            for name, model in loaded.drafts.items()
-        }
-    return measure_costs_many(loaded.target, loaded.drafts, ks=range(1, k_max + 1), repeats=settings.cost_repeats, prompt_ids=ids)
+class RunCosts:
+    """Every draft's c, c₂ and v(k), the target timed once with all drafts alternated. On the eager loop
+    the `cost_repeats` repeats are spread evenly over the run's generate calls, so the costs see the
+    machine in the states the calls they predict saw (a shared CPU's speed drifts over an hour); the
+    static loop's (CUDA) are timed at the end. The stepped tokens are real: the first prompt and half
+    of the target's own answer to it as the warm cache (the loop's mean context), then the answer's next k+1."""
+
+    def __init__(self, settings: Settings, loaded: Loaded, journal: Journal, batches: list[list[Call]], calls: int):
+        self.settings, self.loaded, self.journal, self.first = settings, loaded, journal, batches[0][0]
+        self.k_max = max(set(settings.ks) | {settings.num_draft_tokens})
+        self.static = resolve_backend("auto", loaded.target) == "static"
+        self.due, self.owed = spread_evenly(settings.cost_repeats, calls), 0
+        self.sampler: CostSampler | None = None
+
+    def _ids(self) -> list[int] | None:
+        """The tokens to step, once the first prompt's target-only answer is journalled."""
+        record = self.journal.latest(self.first.key)
+        if record is None:
+            return None
+        prompt, answer = self.loaded.encoded[self.first.task][self.first.examples[0]], record["new"][0]
+        ids = (prompt + answer)[: min(self.loaded.context, len(prompt) + len(answer) // 2 + self.k_max + 1)]
+        if len(ids) < len(prompt) + self.k_max + 1:  # a short answer: step random ids after the real prompt
+            ids = prompt[: self.loaded.context - self.k_max - 1] + [0] * (self.k_max + 1)
+        return ids
+
+    def _sample(self, repeats: int) -> None:
+        self.owed += repeats
+        if self.sampler is None and (ids := self._ids()) is not None:
+            self.sampler = CostSampler(self.loaded.target, self.loaded.drafts, ks=range(1, self.k_max + 1), prompt_ids=ids)
+        if self.sampler is not None and self.owed:
+            self.sampler.sample(self.owed)
+            self.owed = 0
+
+    @property
+    def timing(self) -> str:
+        """When the repeats were timed, for the report's settings."""
+        if self.static or not self.due:
+            return "back to back at the end of the run" + (" (static loop)" if self.static else "")
+        return f"spread evenly over the run's {len(self.due)} generate calls"
+
+    def after_call(self, i: int) -> None:
+        """Time the repeats due after the run's i-th generate call (eager loop)."""
+        if not self.static:
+            self._sample(self.due[i])
+
+    def finish(self) -> dict[str, Costs]:
+        """The costs: the spread repeats (any still owed timed now), or the static loop's timed now."""
+        if self.static:
+            prompt_len = len(self._ids() or []) - self.k_max - 1
+            return {
+                name: measure_costs(self.loaded.target, model, ks=range(1, self.k_max + 1), prompt_len=prompt_len, repeats=self.settings.cost_repeats)
+                for name, model in self.loaded.drafts.items()
+            }
+        done = self.sampler.repeats if self.sampler else 0
+        self._sample(max(0, self.settings.cost_repeats - self.owed - done))
+        assert self.sampler is not None  # every call is journalled by now, the first prompt's target-only answer too
+        return self.sampler.costs()
 
 
 def run(settings: Settings, command: str = "") -> dict[str, Any]:
@@ -554,15 +595,20 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
     if reused := sum(len(calls) for calls in batches) - len(todo):
         print(f"distill accept: {reused} generate calls reused from {journal.path}; this run ({journal.run.run_id}) makes {len(todo)}", file=sys.stderr)
     load = MachineLoad().start()
-    _execute(settings, loaded, todo, journal, tokenizer)
-    costs = _costs(settings, loaded, journal, batches)
+    run_costs = RunCosts(settings, loaded, journal, batches, len(todo))
+    _execute(settings, loaded, todo, journal, tokenizer, run_costs)
+    costs = run_costs.finish()
     journal.end(load.stop().report())
     report = build_report(settings, examples, journal, batches, tokenizer, _environment(settings, torch.device(settings.device), command), draft_paths)
     _add_mismatches(report, settings, examples, journal, batches, loaded)
     for name, entry in report["drafts"].items():
         add_predictions(entry, costs[name], settings.num_draft_tokens)
         entry["best_k"] = best_k(entry["alpha"], costs[name], k_max=max(costs[name].v))
-    report["settings"].update(cost_prompt_len=costs[next(iter(costs))].prompt_len, target_generation_config_ignored=loaded.dropped)
+    report["settings"].update(
+        cost_prompt_len=costs[next(iter(costs))].prompt_len,
+        cost_timing=run_costs.timing,
+        target_generation_config_ignored=loaded.dropped,
+    )
     report["machine_load"] = journal.run.machine_load
     write_outputs(report, settings.output_dir)
     warn(report["machine_load"], "distill accept")

@@ -17,7 +17,7 @@ from typing import Any
 
 from distill.eval.intervals import Interval, bootstrap, difference, ratio, ratio_of_ratios
 from distill.eval.tasks import Task, TaskExample
-from distill.speculative.costs import Costs, expected_tokens_per_round, fit_alpha, predicted_speedup
+from distill.speculative.costs import Costs, expected_tokens_per_round, fit_alpha
 
 SCHEMA_VERSION = 2  # 2: runs, paired timings, end-to-end and decode speedups, intervals, per-round decomposition
 
@@ -207,32 +207,32 @@ def add_predictions(entry: dict[str, Any], costs: Costs, k0: int) -> None:
     per round) per task and per k, and the best k to one draft's entry."""
     entry["costs"] = costs.to_dict()
     for row in entry["tasks"].values():
-        row["predicted_speedup"] = predicted_speedup(row["alpha"], k0, costs.c, costs.v[k0])
+        row["predicted_speedup"] = costs.speedup(row["alpha"], k0)
         if row.get("decomposition"):
             row["decomposition"] = {**row["decomposition"], **_prediction(row["decomposition"], k0, costs)}
     for point in entry["sweep"]:
-        point["predicted_speedup"] = predicted_speedup(entry["alpha"], point["k"], costs.c, costs.v[point["k"]])
-        point["predicted_speedup_own_alpha"] = predicted_speedup(point["alpha"], point["k"], costs.c, costs.v[point["k"]])
+        point["predicted_speedup"] = costs.speedup(entry["alpha"], point["k"])
+        point["predicted_speedup_own_alpha"] = costs.speedup(point["alpha"], point["k"])
         if point.get("decomposition"):
             point["decomposition"] = {**point["decomposition"], **_prediction(point["decomposition"], point["k"], costs)}
-    entry["predicted_curve"] = [{"k": k, "predicted_speedup": predicted_speedup(entry["alpha"], k, costs.c, costs.v[k])} for k in sorted(costs.v)]
+    entry["predicted_curve"] = [{"k": k, "predicted_speedup": costs.speedup(entry["alpha"], k)} for k in sorted(costs.v)]
 
 
 def _prediction(dec: dict[str, Any], k: int, costs: Costs) -> dict[str, Any]:
-    """What the microbenchmark's costs predict: the time per round, k·c + v(k) target steps (against the
-    measured one), and the decode speedup from the measured tokens per round. The speed model as
+    """What the microbenchmark's costs predict: the time per round, `Costs.round_cost(k)` target steps
+    (against the measured one), and the decode speedup from the measured tokens per round. The speed model as
     published counts the baseline as one target forward per token and no bookkeeping
     (`predicted_decode_speedup_forwards_only`); the decomposition shows both matter, so the prediction
     adds the round's measured bookkeeping and divides by the target-only time per token measured
     in the same pairs (transformers' generate costs more than a bare forward): the baseline's overhead
     over a forward is `target_only_overhead`."""
     step = costs.target_step_s
-    round_s = step * (k * costs.c + costs.v[k])
+    round_s = step * costs.round_cost(k)
     overhead = dec["target_tpot_s"] / step
     return {
         "predicted_round_s": round_s,
         "target_only_overhead": overhead,
-        "predicted_decode_speedup_forwards_only": dec["tokens_per_round"] / (k * costs.c + costs.v[k]),
+        "predicted_decode_speedup_forwards_only": dec["tokens_per_round"] / costs.round_cost(k),
         "predicted_decode_speedup": dec["tokens_per_round"] * dec["target_tpot_s"] / (round_s + dec["bookkeeping_s_per_round"]),
     }
 

@@ -139,10 +139,10 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
         "",
         f"{heading} Where the decode time goes (per round, all tasks' prompts at the main k)",
         "",
-        "| draft | task | draft ms | verify ms | bookkeeping ms | parts / decode time | c in loop | v(k) in loop | c bench "
-        "| tokens / round (measured) | (i.i.d. α) | round ms (measured) | (bench c, v) | target-only TPOT / bench step | decode speedup "
+        "| draft | task | draft ms | verify ms | bookkeeping ms | parts / decode time | c in loop | v(k) in loop | c bench | c₂ bench "
+        "| tokens / round (measured) | (i.i.d. α) | round ms (measured) | (bench c, c₂, v) | target-only TPOT / bench step | decode speedup "
         "| predicted | (forwards only) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = []
     for name, entry in report["drafts"].items():
@@ -150,11 +150,11 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
             d = r.get("decomposition") or {}
             if "draft_s_per_round" not in d:  # a report without the loop's own clocks (older, or one without timings)
                 continue
-            loop = d.get("in_loop") or {}
+            loop, costs = d.get("in_loop") or {}, entry.get("costs") or {}
             rows.append(
                 f"| {name} | {task} | {d['draft_s_per_round'] * 1e3:.1f} | {d['verify_s_per_round'] * 1e3:.1f} | {d['bookkeeping_s_per_round'] * 1e3:.2f} "
                 f"| {_f(d.get('parts_over_decode_time'), '.3f')} | {_f(loop.get('c'), '.3f')} | {_f(loop.get('v'), '.3f')} "
-                f"| {_f((entry.get('costs') or {}).get('c'), '.3f')} | {d['tokens_per_round']:.3f} | {d['predicted_tokens_per_round']:.3f} "
+                f"| {_f(costs.get('c'), '.3f')} | {_f(costs.get('c_first'), '.3f')} | {d['tokens_per_round']:.3f} | {d['predicted_tokens_per_round']:.3f} "
                 f"| {d['decode_s_per_round'] * 1e3:.1f} | {_f(d.get('predicted_round_s') and d['predicted_round_s'] * 1e3, '.1f')} "
                 f"| {_f(d.get('target_only_overhead'), '.3f')} | {_f(r.get('decode_speedup'), '.3f')}× | {_f(d.get('predicted_decode_speedup'), '.3f')}× "
                 f"| {_f(d.get('predicted_decode_speedup_forwards_only'), '.3f')}× |"
@@ -214,8 +214,9 @@ def markdown(report: dict[str, Any]) -> str:
         "target-only time per output token after the first / the speculative one (each pooled). Both pair each speculative call "
         "with the target-only call on the same prompts timed in the same run. [low, high]: 95% bootstrap interval over prompts. "
         "Greedy identity = share of prompts whose speculative output equals the target-only output token for token. "
-        "Predicted decode = measured tokens per round × target-only TPOT / (target step × (k·c + v(k)) + bookkeeping per round), "
-        "c, v(k) and the target step from this run's microbenchmark; (forwards only) = tokens per round / (k·c + v(k)).",
+        "Predicted decode = measured tokens per round × target-only TPOT / (target step × (c₂ + (k-1)·c + v(k)) + bookkeeping per round), "
+        "c, c₂ (the round's first draft step, which reads two tokens), v(k) and the target step from this run's microbenchmark "
+        "(c₂ = c in reports that did not measure it); (forwards only) = tokens per round / (c₂ + (k-1)·c + v(k)).",
     ]
     for task, base in report["target_only"].items():
         lines += _task_table(report, task, base)

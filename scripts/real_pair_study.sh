@@ -30,7 +30,7 @@ run() {  # name, then distill accept options
 for what in "${@:-bf16 fp32 t07}"; do
   for one in $what; do
     case $one in
-      bf16) run bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --dtype bfloat16 ;;  # speed, k sweep on the first 8
+      bf16) run bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --dtype bfloat16 --cost-repeats 40 ;;  # speed, k sweep on the first 8
       fp32) run fp32_8 --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;                       # greedy identity
       t07) run t07 --num-samples 16 --max-new-tokens 128 --temperature 0.7 --dtype bfloat16 ;;                       # sampled acceptance
       *) echo "unknown run $one: choose bf16, fp32 or t07" >&2; exit 2 ;;

@@ -36,7 +36,7 @@ from distill.common.tiny import make_examples, random_pair
 from distill.common.trim import draft_to_target
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree
 from distill.speculative import SpeculativeDecoder
-from distill.speculative.costs import best_k, context_length, dtype_name, fit_alpha, measure_costs, predicted_speedup, resolve_backend
+from distill.speculative.costs import best_k, context_length, dtype_name, fit_alpha, measure_costs, resolve_backend
 
 # ---------------------------------------------------------------------------------------------
 # `distill bench`
@@ -145,8 +145,11 @@ def docs_blocks(report: dict[str, Any], args: argparse.Namespace) -> list[Block]
     blocks: list[Block] = [
         f"{env['device_name']} ({env['device']}), {env['dtype']}, {report['backend']} loop, torch {env['torch']}, "
         f"transformers {env['transformers']}; costs on a warm cache of {costs['prompt_len']} tokens, median of {costs['repeats']}.",
-        table(["target step ms", "draft step ms", "c = draft / target"], [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"]]]),
-        f"Predicted speedup = E[tokens per round] / (k·c + v(k)); α {report['alpha_source']}.",
+        table(
+            ["target step ms", "draft step ms", "c = draft / target", "c₂ = two-token draft step / target"],
+            [[costs["target_step_s"] * 1e3, costs["draft_step_s"] * 1e3, costs["c"], costs.get("c_first")]],
+        ),
+        f"Predicted speedup = E[tokens per round] / (c₂ + (k-1)·c + v(k)) (the loop's first draft step of a round reads two tokens); α {report['alpha_source']}.",
         table(
             ["k", "v(k)"] + [f"α = {a:g}" for a in alphas],
             [[k, costs["v"][str(k)]] + [pred[(a, k)] for a in alphas] for k in ks]
@@ -295,11 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         "costs": costs.to_dict(),
         "alphas": alphas,
         "alpha_source": source,
-        "predicted": [{"alpha": a, "k": k, "predicted_speedup": predicted_speedup(a, k, costs.c, costs.v[k])} for a in alphas for k in args.ks],
-        "best_k": [
-            {"alpha": a, "best_k": (b := best_k(a, costs, k_max=max(args.ks))), "predicted_speedup": predicted_speedup(a, b, costs.c, costs.v[b])}
-            for a in alphas
-        ],
+        "predicted": [{"alpha": a, "k": k, "predicted_speedup": costs.speedup(a, k)} for a in alphas for k in args.ks],
+        "best_k": [{"alpha": a, "best_k": (b := best_k(a, costs, k_max=max(args.ks))), "predicted_speedup": costs.speedup(a, b)} for a in alphas],
         "synthetic": synthetic,
         "vocab_sweep": vocab_rows,
     }

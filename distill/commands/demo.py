@@ -23,7 +23,7 @@ from distill.common.io import atomic_write, write_json
 from distill.common.models import load_model, load_tokenizer
 from distill.common.provenance import MachineLoad, environment, warn
 from distill.speculative import SpeculativeDecoder
-from distill.speculative.costs import fit_alpha, measure_costs, predicted_speedup
+from distill.speculative.costs import fit_alpha, measure_costs
 from distill.training.recipe import load_recipe
 from distill.training.train import train
 
@@ -247,7 +247,7 @@ def run(out_dir: str | os.PathLike = "demo-output", quick: bool = False, seed: i
         entry["sweep"] = []
         for k in size["ks"]:
             point = measure(target, draft, tokenizer, prompts[: size["sweep_prompts"]], k, size["max_new_tokens"])
-            point["predicted_speedup"] = predicted_speedup(point["alpha"], k, costs.c, costs.v[k])
+            point["predicted_speedup"] = costs.speedup(point["alpha"], k)
             entry["sweep"].append({key: point[key] for key in ("k", "speedup", "predicted_speedup", "alpha", "acceptance_rate")})
 
     load.stop()

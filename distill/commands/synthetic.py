@@ -30,7 +30,6 @@ from distill.speculative.costs import (
     fit_alpha,
     measure_costs,
     model_device,
-    predicted_speedup,
     resolve_backend,
     synchronize,
 )
@@ -296,8 +295,8 @@ def _synthetic_runs(
                 "speculative_s": spec_s,
                 "speedup": base_s / spec_s,
                 "decode_speedup": base_decode / spec_decode if spec_decode > 0 else 0.0,
-                "predicted_speedup": predicted_speedup(measured_alpha, k, costs.c, costs.v[k]),
-                "predicted_speedup_nominal": predicted_speedup(alpha, k, costs.c, costs.v[k]),
+                "predicted_speedup": costs.speedup(measured_alpha, k),
+                "predicted_speedup_nominal": costs.speedup(alpha, k),
                 "c": costs.c,
                 "v_k": costs.v[k],
                 "greedy_identity": identical / len(prompts),

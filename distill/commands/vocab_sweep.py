@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.common.docs import Block, table
 from distill.common.trim import choose_ids, count_tokens, coverage, draft_to_target, trimmed_copy
-from distill.speculative.costs import Costs, best_k, measure_costs, measure_costs_many, predicted_speedup
+from distill.speculative.costs import Costs, best_k, measure_costs, measure_costs_many
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -98,7 +98,7 @@ def vocab_sweep(
                 "alpha": a,
                 "alpha_source": "measured" if measure_alpha is not None else ("given" if ids is None else "α of the full draft × coverage"),
                 "best_k": k,
-                "predicted_speedup": predicted_speedup(a, k, c.c, c.v[k]),
+                "predicted_speedup": c.speedup(a, k),
             }
         )
     return out

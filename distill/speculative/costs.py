@@ -3,7 +3,9 @@ loop the decoder runs.
 
 DESIGN.md (Leviathan et al., 2023): E[tokens per round] = (1 - α^(k+1)) / (1 - α) and
 speedup ≈ E / (k·c + v(k)), with c = draft step / target step and v(k) = target verify of k+1
-tokens / one target step. `measure_costs` times c and v(k) for a pair on the current device, as
+tokens / one target step. The loop's first draft step of a round reads two tokens (the last two
+emitted), so a measured round costs c₂ + (k-1)·c + v(k), c₂ that two-token step over a target step
+(`Costs.round_cost`). `measure_costs` times c, c₂ and v(k) for a pair on the current device, as
 the eager loop calls the models or (`measure_costs_static`) as the static loop replays its steps;
 `best_k` picks k. The synthetic draft built on this (`distill.commands.synthetic`) and `distill bench`
 (`distill.commands.bench`) sit above the decoder; nothing here imports them."""
@@ -79,6 +81,17 @@ class Costs:
     target_step_spread: float | None = None  # interquartile range of the repeats over their median
     draft_step_spread: float | None = None
     real_tokens: bool = False  # stepped real prompt tokens (else seeded random ids)
+    c_first: float | None = None  # c₂: the round's first draft step (two tokens) / target step; None: not measured, read as c
+
+    def round_cost(self, k: int) -> float:
+        """One round of k drafts in target steps: the two-token first draft step, k-1 one-token
+        steps and the verify, c₂ + (k-1)·c + v(k) (k·c + v(k) where c₂ was not measured)."""
+        first = self.c if self.c_first is None else self.c_first
+        return first + (k - 1) * self.c + self.v[k]
+
+    def speedup(self, alpha: float, k: int) -> float:
+        """The speedup these costs predict at acceptance `alpha`: E[tokens per round] / round_cost(k)."""
+        return expected_tokens_per_round(alpha, k) / self.round_cost(k)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the keys of v become strings)."""
@@ -92,7 +105,7 @@ def best_k(alpha: float, costs: Costs, k_max: int = 8) -> int:
     ks = sorted(k for k in costs.v if k <= k_max)
     if not ks:
         raise ValueError(f"costs has no v(k) for k <= {k_max} (measured: {sorted(costs.v)}): measure_costs(ks=range(1, {k_max} + 1))")
-    return max(ks, key=lambda k: predicted_speedup(alpha, k, costs.c, costs.v[k]))
+    return max(ks, key=lambda k: costs.speedup(alpha, k))
 
 
 def resolve_backend(backend: str, *models: PreTrainedModel) -> str:
@@ -144,7 +157,8 @@ def measure_costs(
     backend: str = "auto",
     prompt_ids: Sequence[int] | None = None,
 ) -> Costs:
-    """Time one-token steps of both models and the target's (k+1)-token verify on a warm KV cache
+    """Time one-token steps of both models, the draft's two-token first step of a round and the
+    target's (k+1)-token verify on a warm KV cache
     of `prompt_len` tokens (or of the real `prompt_ids`, whose last k+1 tokens are the ones stepped),
     as the decoder's loop (`backend`, see `resolve_backend`) calls them; medians over `repeats`
     interleaved runs after `warmup` (CUDA synchronised around each call)."""
@@ -166,7 +180,6 @@ def _cost_tokens(
     return torch.randint(0, vocab, (1, prompt_len + k_max + 1), generator=torch.Generator().manual_seed(seed))
 
 
-@torch.inference_mode()
 def measure_costs_many(
     target: PreTrainedModel,
     drafts: dict[str, PreTrainedModel],
@@ -177,64 +190,116 @@ def measure_costs_many(
     seed: int = 0,
     prompt_ids: Sequence[int] | None = None,
 ) -> dict[str, Costs]:
-    """c and v(k) of several drafts under one target on the eager loop, the target timed once: each
-    repeat times a target step, every draft's step and each verify in turn (so all share the machine's
-    state), and c of each draft divides by the same target median. Costs also carry the spread of the
-    repeats (interquartile range over the median) of both steps."""
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1:
-        raise ValueError(f"ks must be draft lengths >= 1, got {ks}")
-    if prompt_len < 1 or repeats < 1:
-        raise ValueError(f"prompt_len and repeats must be >= 1, got {prompt_len} and {repeats}")
-    device = model_device(target)
-    for name, model in drafts.items():
-        if model_device(model) != device:
-            raise ValueError(f"target is on {device} but draft {name!r} on {model_device(model)}: move both to one device")
-    ids = _cost_tokens(target, list(drafts.values()), prompt_len, ks[-1], seed, prompt_ids).to(device)
-    prompt, tokens = ids[:, : -(ks[-1] + 1)], ids[:, -(ks[-1] + 1) :]
-    context = min(context_length(m) for m in (target, *drafts.values()))
-    if ids.shape[1] > context:
-        raise ValueError(f"prompt_len {prompt.shape[1]} + k {ks[-1]} + 1 exceeds the models' context of {context}: lower prompt_len")
-    models = {"target": target, **{("draft", name): model for name, model in drafts.items()}}
-    caches = {}
-    for key, model in models.items():
-        caches[key] = DynamicCache(config=model.config)
-        model(input_ids=prompt, cache=caches[key], use_cache=True, logits_to_keep=1)
+    """c, c₂ and v(k) of several drafts under one target on the eager loop, the target timed once
+    (`CostSampler`, its `repeats` taken back to back)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sampler = CostSampler(target, drafts, ks, prompt_len, warmup, seed, prompt_ids)
+    sampler.sample(repeats)
+    return sampler.costs()
 
-    def timed(key: Any, n: int) -> float:
-        synchronize(device)
+
+class CostSampler:
+    """c, c₂ and v(k) of several drafts under one target on the eager loop, timed one repeat at a time,
+    so that a long evaluation can spread its repeats over the run and its costs see the machine in the
+    states its timed calls saw. Each repeat times a target step, every draft's one- and two-token
+    steps and each verify in turn (so all share the machine's state) on the same warm caches; c of
+    each draft divides by the same target median. Costs also carry the spread of the repeats
+    (interquartile range over the median) of both steps."""
+
+    @torch.inference_mode()
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafts: dict[str, PreTrainedModel],
+        ks: Iterable[int] = range(1, 9),
+        prompt_len: int = 128,
+        warmup: int = 3,
+        seed: int = 0,
+        prompt_ids: Sequence[int] | None = None,
+    ):
+        ks = sorted({int(k) for k in ks})
+        if not ks or ks[0] < 1:
+            raise ValueError(f"ks must be draft lengths >= 1, got {ks}")
+        if prompt_len < 1:
+            raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
+        self.device = model_device(target)
+        for name, model in drafts.items():
+            if model_device(model) != self.device:
+                raise ValueError(f"target is on {self.device} but draft {name!r} on {model_device(model)}: move both to one device")
+        ids = _cost_tokens(target, list(drafts.values()), prompt_len, ks[-1], seed, prompt_ids).to(self.device)
+        prompt, self.tokens = ids[:, : -(ks[-1] + 1)], ids[:, -(ks[-1] + 1) :]
+        context = min(context_length(m) for m in (target, *drafts.values()))
+        if ids.shape[1] > context:
+            raise ValueError(f"prompt_len {prompt.shape[1]} + k {ks[-1]} + 1 exceeds the models' context of {context}: lower prompt_len")
+        self.target, self.drafts, self.ks, self.real_tokens = target, drafts, ks, prompt_ids is not None
+        self.prompt_len = prompt.shape[1]
+        self.models = {"target": target, **{("draft", name): model for name, model in drafts.items()}}
+        self.caches = {}
+        for key, model in self.models.items():
+            self.caches[key] = DynamicCache(config=model.config)
+            model(input_ids=prompt, cache=self.caches[key], use_cache=True, logits_to_keep=1)
+        draft_keys = [key for key in self.models if key != "target"]
+        self.jobs = [("target", "target", 1)] + [(key, key, 1) for key in draft_keys] + [(("first", key), key, 2) for key in draft_keys]
+        self.jobs += [(k, "target", k + 1) for k in ks]
+        self.times: dict[Any, list[float]] = {name: [] for name, _, _ in self.jobs}
+        for _ in range(warmup):
+            self._repeat(record=False)
+
+    @property
+    def repeats(self) -> int:
+        """Repeats timed so far (after the warm-up)."""
+        return len(self.times["target"])
+
+    def _timed(self, key: Any, n: int) -> float:
+        synchronize(self.device)
         start = time.perf_counter()
-        models[key](input_ids=tokens[:, :n], cache=caches[key], use_cache=True, logits_to_keep=n)
-        synchronize(device)
+        self.models[key](input_ids=self.tokens[:, :n], cache=self.caches[key], use_cache=True, logits_to_keep=n)
+        synchronize(self.device)
         elapsed = time.perf_counter() - start
-        caches[key].crop(-n)  # back to the prompt: every call sees the same warm cache
+        self.caches[key].crop(-n)  # back to the prompt: every call sees the same warm cache
         return elapsed
 
-    jobs = [("target", "target", 1)] + [(key, key, 1) for key in models if key != "target"] + [(k, "target", k + 1) for k in ks]
-    times: dict[Any, list[float]] = {name: [] for name, _, _ in jobs}
-    for r in range(warmup + repeats):
-        for name, key, n in jobs:
-            elapsed = timed(key, n)
-            if r >= warmup:
-                times[name].append(elapsed)
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    t = med["target"]
-    return {
-        name: Costs(
-            target_step_s=t,
-            draft_step_s=med[("draft", name)],
-            c=med[("draft", name)] / t,
-            v={k: med[k] / t for k in ks},
-            device=str(device),
-            dtype=dtype_name(target.dtype),
-            prompt_len=prompt.shape[1],
-            repeats=repeats,
-            target_step_spread=spread(times["target"]),
-            draft_step_spread=spread(times[("draft", name)]),
-            real_tokens=prompt_ids is not None,
-        )
-        for name in drafts
-    }
+    @torch.inference_mode()
+    def _repeat(self, record: bool = True) -> None:
+        for name, key, n in self.jobs:
+            elapsed = self._timed(key, n)
+            if record:
+                self.times[name].append(elapsed)
+
+    def sample(self, repeats: int = 1) -> None:
+        """Time `repeats` more repeats now."""
+        for _ in range(repeats):
+            self._repeat()
+
+    def costs(self) -> dict[str, Costs]:
+        """Each draft's costs from the medians of the repeats timed so far."""
+        if not self.repeats:
+            raise ValueError("no repeats timed yet: call sample() first")
+        med = {name: statistics.median(ts) for name, ts in self.times.items()}
+        t = med["target"]
+        return {
+            name: Costs(
+                target_step_s=t,
+                draft_step_s=med[("draft", name)],
+                c=med[("draft", name)] / t,
+                v={k: med[k] / t for k in self.ks},
+                device=str(self.device),
+                dtype=dtype_name(self.target.dtype),
+                prompt_len=self.prompt_len,
+                repeats=self.repeats,
+                target_step_spread=spread(self.times["target"]),
+                draft_step_spread=spread(self.times[("draft", name)]),
+                real_tokens=self.real_tokens,
+                c_first=med[("first", ("draft", name))] / t,
+            )
+            for name in self.drafts
+        }
+
+
+def spread_evenly(total: int, slots: int) -> list[int]:
+    """`total` repeats spread over `slots` moments as evenly as whole numbers allow (they sum to `total`)."""
+    return [(i + 1) * total // slots - i * total // slots for i in range(slots)] if slots else []
 
 
 def spread(times: Sequence[float]) -> float:
@@ -254,8 +319,8 @@ def measure_costs_static(
     seed: int = 0,
     graphs: bool | None = None,
 ) -> Costs:
-    """c and v(k) of the static loop's own steps on a warm cache of `prompt_len` tokens: a one-token
-    draft step, a one-token target step and the target's (k+1)-token verify, each replayed as a
+    """c, c₂ and v(k) of the static loop's own steps on a warm cache of `prompt_len` tokens: a one-token
+    and a two-token draft step, a one-token target step and the target's (k+1)-token verify, each replayed as a
     CUDA graph where available (`graphs`: default on CUDA); medians of `repeats` interleaved timings
     after `warmup` rounds (the first of which captures)."""
     ks = sorted({int(k) for k in ks})
@@ -284,7 +349,7 @@ def measure_costs_static(
 
         return run
 
-    jobs = [("target", sides["target"], 1), ("draft", sides["draft"], 1)] + [(k, sides["target"], k + 1) for k in ks]
+    jobs = [("target", sides["target"], 1), ("draft", sides["draft"], 1), ("first", sides["draft"], 2)] + [(k, sides["target"], k + 1) for k in ks]
     state = [s.length for s in sides.values()] + [sink]
     times: dict = {name: [] for name, _, _ in jobs}
     for r in range(warmup + repeats):
@@ -309,4 +374,5 @@ def measure_costs_static(
         dtype=str(next(target.parameters()).dtype).removeprefix("torch."),
         prompt_len=prompt_len,
         repeats=repeats,
+        c_first=med["first"] / t,
     )

@@ -230,6 +230,10 @@ def test_speedup_sweep_and_predictions(greedy_run):
             parts = row["decomposition"]
             assert parts["rounds"] > 0 and parts["draft_s_per_round"] > 0 and parts["verify_s_per_round"] > 0 and parts["bookkeeping_s_per_round"] > 0
             assert 0.5 < parts["parts_over_decode_time"] <= 1.0  # the three clocks hold the decode time, less what no round holds
+            # The predicted round counts the loop's two-token first draft step: c₂ + (k-1)·c + v(k) target steps.
+            costs, k = entry["costs"], report["settings"]["num_draft_tokens"]
+            expected_round = costs["target_step_s"] * (costs["c_first"] + (k - 1) * costs["c"] + costs["v"][str(k)])
+            assert parts["predicted_round_s"] == pytest.approx(expected_round)
     assert all(p["alpha"] == 1.0 for p in report["drafts"]["self"]["sweep"])
 
 
@@ -297,6 +301,31 @@ def test_a_draft_added_to_a_finished_run_gets_a_baseline_timed_in_its_own_run(se
         assert small["end_to_end_speedup"] == row["end_to_end_speedup"] and small["runs"] == row["runs"]  # paired in the first run
         assert copy["runs"] == sorted(second) and copy["acceptance_rate"] == row["acceptance_rate"]  # the same weights, timed anew
         assert copy["end_to_end_speedup"] > 5 * small["end_to_end_speedup"]  # divided by the second run's (slow) target-only calls
+
+
+def test_cost_repeats_are_spread_over_the_runs_calls(setup, tmp_path, monkeypatch):
+    """c, c₂ and v(k) are timed a few repeats at a time between the generate calls, not all at the end,
+    so they see the machine as the calls they predict did; the report counts them all."""
+    import distill.eval.acceptance as acceptance
+
+    root, files = setup
+    out = tmp_path / "spread"
+    journal = out / "records.jsonl"
+    taken: list[tuple[int, int]] = []
+    real = acceptance.CostSampler.sample
+
+    def spy(self, repeats=1):
+        taken.append((len(journal.read_text().splitlines()), repeats))
+        return real(self, repeats)
+
+    monkeypatch.setattr(acceptance.CostSampler, "sample", spy)
+    args = _args(root, files, out, "--cost-repeats", "4")
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert sum(r for _, r in taken) == 4 and all(c["costs"]["repeats"] == 4 for c in report["drafts"].values())
+    assert len({at for at, r in taken if r}) >= 3  # at three or more points of the run
+    assert report["settings"]["cost_timing"].startswith("spread evenly over the run's")
+    assert all(c["costs"]["c_first"] > 0 for c in report["drafts"].values())
 
 
 def test_a_journal_of_other_settings_is_moved_aside_not_lost(tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from distill.common.tiny import tiny_qwen2
-from distill.speculative.costs import Costs, best_k, expected_tokens_per_round, fit_alpha, measure_costs, predicted_speedup, resolve_backend
+from distill.speculative.costs import Costs, best_k, expected_tokens_per_round, fit_alpha, measure_costs, predicted_speedup, resolve_backend, spread_evenly
 
 
 def test_expected_tokens_per_round_by_hand():
@@ -39,6 +39,24 @@ def test_best_k_is_the_argmax_of_the_predicted_curve(hand_costs):
         best_k(0.8, hand_costs, k_max=0)
 
 
+def test_a_round_costs_its_two_token_first_draft_step(hand_costs):
+    """The loop's first draft step of a round reads two tokens: a round is c₂ + (k-1)·c + v(k), and
+    costs without c₂ (older reports) read it as c, the textbook k·c + v(k)."""
+    two = Costs(0.01, 0.002, 0.2, {1: 1.0, 3: 1.1}, "cpu", "float32", c_first=0.3)
+    assert two.round_cost(1) == pytest.approx(0.3 + 1.0)
+    assert two.round_cost(3) == pytest.approx(0.3 + 2 * 0.2 + 1.1)
+    # α = 0.5, k = 3: E = 1.875 over 1.8
+    assert two.speedup(0.5, 3) == pytest.approx(1.875 / 1.8)
+    assert hand_costs.c_first is None
+    assert hand_costs.speedup(0.8, 3) == pytest.approx(predicted_speedup(0.8, 3, hand_costs.c, hand_costs.v[3]))
+
+
+def test_cost_repeats_spread_evenly_over_a_runs_calls():
+    assert spread_evenly(4, 6) == [0, 1, 1, 0, 1, 1]
+    assert spread_evenly(20, 3) == [6, 7, 7]
+    assert spread_evenly(5, 0) == []
+
+
 def test_fit_alpha_counts_tested_positions():
     # Three rounds of k = 3 accepting 3, 0 and 1 drafts: 4 successes in 3 + 1 + 2 = 6 tested positions.
     assert fit_alpha([3, 3, 3], [2, 1, 1]) == pytest.approx(4 / 6)
@@ -53,6 +71,7 @@ def test_measure_costs_are_positive_and_sane(tokenizer):
     assert costs.target_step_s > 0 and costs.draft_step_s > 0
     assert costs.c == pytest.approx(costs.draft_step_s / costs.target_step_s)
     assert 0 < costs.c < 1  # one layer of width 32 against four of width 256
+    assert 0 < costs.c_first < 1 and costs.round_cost(2) == pytest.approx(costs.c_first + costs.c + costs.v[2])
     for k, v in costs.v.items():
         assert 0.2 < v < 4 * (k + 1), (k, v)  # verifying k+1 tokens costs about one step, never wildly more
     assert costs.device == "cpu" and costs.dtype == "float32" and costs.prompt_len == 32

@@ -133,6 +133,7 @@ def test_measure_costs_static_times_every_step(pair):
     target, drafts = pair
     costs = measure_costs_static(target, drafts["small"], ks=[1, 4], prompt_len=8, repeats=2, warmup=1)
     assert sorted(costs.v) == [1, 4] and costs.target_step_s > 0 and costs.c == pytest.approx(costs.draft_step_s / costs.target_step_s)
+    assert costs.c_first > 0  # the two-token first draft step of a round
     with pytest.raises(ValueError, match="ks"):
         measure_costs_static(target, drafts["small"], ks=[0])
 
