@@ -204,7 +204,7 @@ class CostSampler:
     so that a long evaluation can spread its repeats over the run and its costs see the machine in the
     states its timed calls saw. Each repeat times a target step, every draft's one- and two-token
     steps and each verify in turn (so all share the machine's state) on the same warm caches; c of
-    each draft divides by the same target median. Costs also carry the spread of the repeats
+    each draft divides by the target step of the same repeat. Costs also carry the spread of the repeats
     (interquartile range over the median) of both steps."""
 
     @torch.inference_mode()
@@ -273,25 +273,30 @@ class CostSampler:
             self._repeat()
 
     def costs(self) -> dict[str, Costs]:
-        """Each draft's costs from the medians of the repeats timed so far."""
+        """Each draft's costs from the repeats timed so far: the steps' medians, and c, c₂ and v(k) as
+        medians of each repeat's own ratios to its target step, so a machine whose speed drifts between
+        repeats (a shared CPU over an hour) moves no ratio."""
         if not self.repeats:
             raise ValueError("no repeats timed yet: call sample() first")
-        med = {name: statistics.median(ts) for name, ts in self.times.items()}
-        t = med["target"]
+        target = self.times["target"]
+
+        def ratio(name: Any) -> float:
+            return statistics.median(x / t for x, t in zip(self.times[name], target))
+
         return {
             name: Costs(
-                target_step_s=t,
-                draft_step_s=med[("draft", name)],
-                c=med[("draft", name)] / t,
-                v={k: med[k] / t for k in self.ks},
+                target_step_s=statistics.median(target),
+                draft_step_s=statistics.median(self.times[("draft", name)]),
+                c=ratio(("draft", name)),
+                v={k: ratio(k) for k in self.ks},
                 device=str(self.device),
                 dtype=dtype_name(self.target.dtype),
                 prompt_len=self.prompt_len,
                 repeats=self.repeats,
-                target_step_spread=spread(self.times["target"]),
+                target_step_spread=spread(target),
                 draft_step_spread=spread(self.times[("draft", name)]),
                 real_tokens=self.real_tokens,
-                c_first=med[("first", ("draft", name))] / t,
+                c_first=ratio(("first", ("draft", name))),
             )
             for name in self.drafts
         }

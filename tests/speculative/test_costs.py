@@ -8,7 +8,17 @@ import json
 import pytest
 
 from distill.common.tiny import tiny_qwen2
-from distill.speculative.costs import Costs, best_k, expected_tokens_per_round, fit_alpha, measure_costs, predicted_speedup, resolve_backend, spread_evenly
+from distill.speculative.costs import (
+    Costs,
+    CostSampler,
+    best_k,
+    expected_tokens_per_round,
+    fit_alpha,
+    measure_costs,
+    predicted_speedup,
+    resolve_backend,
+    spread_evenly,
+)
 
 
 def test_expected_tokens_per_round_by_hand():
@@ -69,7 +79,6 @@ def test_measure_costs_are_positive_and_sane(tokenizer):
     costs = measure_costs(target, draft, ks=[1, 2, 4], prompt_len=32, repeats=5, warmup=2)
     assert sorted(costs.v) == [1, 2, 4]
     assert costs.target_step_s > 0 and costs.draft_step_s > 0
-    assert costs.c == pytest.approx(costs.draft_step_s / costs.target_step_s)
     assert 0 < costs.c < 1  # one layer of width 32 against four of width 256
     assert 0 < costs.c_first < 1 and costs.round_cost(2) == pytest.approx(costs.c_first + costs.c + costs.v[2])
     for k, v in costs.v.items():
@@ -78,6 +87,21 @@ def test_measure_costs_are_positive_and_sane(tokenizer):
     assert json.loads(json.dumps(costs.to_dict()))["v"].keys() == {"1", "2", "4"}
     with pytest.raises(ValueError, match="context"):
         measure_costs(target, draft, ks=[4], prompt_len=1022)
+
+
+def test_costs_are_ratios_within_each_repeat_so_drift_cancels(tokenizer):
+    """Repeats spread over a long run see the machine at different speeds: the second repeat here runs
+    at half speed throughout, so every ratio is unchanged, while a ratio of medians would mix speeds."""
+    target = tiny_qwen2(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=3)
+    draft = tiny_qwen2(len(tokenizer), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=tokenizer, seed=4)
+    sampler = CostSampler(target, {"d": draft}, ks=[1, 3], prompt_len=8, warmup=0)
+    hand = {"target": [0.100, 0.200, 0.100], ("draft", "d"): [0.040, 0.080, 0.050], ("first", ("draft", "d")): [0.045, 0.090, 0.055]}
+    hand |= {1: [0.105, 0.210, 0.105], 3: [0.110, 0.220, 0.120]}
+    sampler.times = hand
+    costs = sampler.costs()["d"]
+    assert costs.target_step_s == pytest.approx(0.100) and costs.draft_step_s == pytest.approx(0.050)
+    assert costs.c == pytest.approx(0.4) and costs.c_first == pytest.approx(0.45)  # medians of 0.4, 0.4, 0.5 and 0.45, 0.45, 0.55
+    assert costs.v == pytest.approx({1: 1.05, 3: 1.1}) and costs.repeats == 3
 
 
 def test_the_speedup_model_refuses_the_compiled_backend(target, draft):
