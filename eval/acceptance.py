@@ -575,8 +575,7 @@ class RunCosts:
                 name: measure_costs(self.loaded.target, model, ks=range(1, self.k_max + 1), prompt_len=prompt_len, repeats=self.settings.cost_repeats)
                 for name, model in self.loaded.drafts.items()
             }
-        done = self.sampler.repeats if self.sampler else 0
-        self._sample(max(0, self.settings.cost_repeats - self.owed - done))
+        self._sample(0 if self.due else self.settings.cost_repeats)  # no calls in this run: all repeats now
         assert self.sampler is not None  # every call is journalled by now, the first prompt's target-only answer too
         return self.sampler.costs()
 

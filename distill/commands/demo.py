@@ -210,7 +210,7 @@ def docs_blocks(report: dict[str, Any]) -> list[Block]:
         f"(hidden 64, 1 layer). Whole demo {report['wall_s']:.0f} s. {libs}. The acceptance figures are deterministic on one CPU model "
         "(the same with 1 or 2 torch threads); tiny models' float arithmetic differs between CPU models, so another processor may give others.",
         table_block(HEADER, _rows(report)),
-        f"Measured / predicted end-to-end speedup by k, on the first {st['sweep_prompts']} prompts (prediction from the measured α, c and v(k)):",
+        f"Measured / predicted end-to-end speedup by k, on the first {st['sweep_prompts']} prompts (prediction from the measured α, c, c₂ and v(k)):",
         table_block(["draft"] + [f"k = {k}" for k in ks], sweep),
     ]
 
