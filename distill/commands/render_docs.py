@@ -124,6 +124,14 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _noise_verdict(comparison: dict[str, Any]) -> str:
+    """Which of a paired difference's acceptance and decode speedup lie outside noise (their interval excludes 0)."""
+    outside = [
+        label for key, label in (("acceptance_rate", "acceptance"), ("decode_speedup", "decode speedup")) if (comparison.get(key) or {}).get("outside_noise")
+    ]
+    return " and ".join(outside) + " outside noise" if outside else "both within noise"
+
+
 def render_headline(name: str, report: dict[str, Any]) -> str:
     """An acceptance report in one paragraph per task: what was measured, then per draft acceptance, decode
     and end-to-end speedup and greedy identity with intervals, then each paired difference and whether it is outside noise."""
@@ -142,7 +150,7 @@ def render_headline(name: str, report: dict[str, Any]) -> str:
             )
         diffs = [
             f"{c['draft']} − {c['reference']}: acceptance {format_interval(c.get('acceptance_rate'), '+.3f')}, decode speedup {format_interval(c.get('decode_speedup'), '+.3f')} "
-            f"({'outside' if (c.get('acceptance_rate') or {}).get('outside_noise') else 'within'} noise for acceptance)"
+            f"({_noise_verdict(c)})"
             for c in report.get("comparisons") or []
             if c["task"] == task
         ]
