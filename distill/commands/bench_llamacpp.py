@@ -487,7 +487,12 @@ def parser() -> argparse.ArgumentParser:
         "(NAME.records.jsonl), so the same command run again resumes a stopped benchmark",
     )
     p.add_argument("--reference", help="the draft every other is compared with, paired over the prompts (default: the first, e.g. base-f16)")
-    p.add_argument("--docs", help="also write the bench_llamacpp section of this Markdown file (docs/benchmarks.md), its report in results/ beside it")
+    p.add_argument("--docs", help="also write the --section section of this Markdown file (docs/benchmarks.md), its report in results/ beside it")
+    p.add_argument(
+        "--section",
+        default="bench_llamacpp",
+        help="the section of --docs to rewrite and its results/NAME.json (default bench_llamacpp; another target: another name)",
+    )
     return p
 
 
@@ -568,7 +573,13 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     write_json(args.json, report)
     if args.docs:
         write_benchmark(
-            "bench_llamacpp", "llama.cpp's speculative decoding with the drafts as GGUF", command, docs_blocks(report), args.docs, busy, "bench_llamacpp"
+            args.section,
+            f"llama.cpp's speculative decoding with the drafts as GGUF, target {Path(args.target).name}",
+            command,
+            docs_blocks(report),
+            args.docs,
+            busy,
+            "bench_llamacpp",
         )
     else:
         print(f"{table(report)}\n\n{describe(busy)}")

@@ -186,6 +186,11 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
     saved = json.loads((tmp_path / "docs" / "results" / "bench_llamacpp.json").read_text())
     assert saved["blocks"][1]["rows"][2][0] == "draft-q8_0" and "<!-- results:bench_llamacpp -->" in docs.read_text()
     assert render_docs(["--check", "--root", str(tmp_path)]) == 0
+    # a second target keeps its own section and report beside the first
+    assert main([*args, "--docs", str(docs), "--section", "bench_llamacpp-f16"], runner=_runner(tiny_pair.tokenizer, [])) == 0
+    assert "## llama.cpp's speculative decoding with the drafts as GGUF, target target.gguf" in docs.read_text()
+    assert "<!-- results:bench_llamacpp -->" in docs.read_text() and (tmp_path / "docs" / "results" / "bench_llamacpp-f16.json").is_file()
+    assert render_docs(["--check", "--root", str(tmp_path)]) == 0
 
 
 def test_a_prompt_llama_cpp_tokenizes_otherwise_is_refused(setup, tiny_pair, tmp_path, capsys):
