@@ -13,7 +13,11 @@ Drafts are `NAME=PATH`: a `.gguf` is used as is (e.g. the original Q4_K_M base);
 output is exported first with `distill export-gguf` in each `--outtypes` (f16,q8_0), named NAME-f16 and so
 on. Pooled over the prompts: acceptance (n_accept / n_drafted), tokens/s (decoded tokens / decode seconds)
 and the speedup over the target alone, beside this project's decoder's acceptance from a `distill accept`
-report of the same prompts (`--ours`). The report is JSON (`--json`), each prompt's runs journalled beside
+report of the same prompts (`--ours`). llama-speculative-simple's first round drafts from the prompt alone,
+before the target has written a token; this project's decoder takes the first token from the target's
+prefill and drafts from the second on, so it has no such round. Each run's first round is read from its
+debug lines (`--log-verbosity 5`: `accepted A/D draft tokens` every round) and the acceptance is also given
+without it, as this project's decoder counts. The report is JSON (`--json`), each prompt's runs journalled beside
 it as they finish (`distill.eval.journal`), so a stopped benchmark resumes; llama.cpp's tools are found in
 `--llama-cpp DIR` (or DIR/build/bin, DIR/bin) or on PATH, and when absent the benchmark is skipped with a
 message (exit 0). The parsing reads the lines llama.cpp's examples/speculative-simple and
@@ -68,6 +72,8 @@ class SpeculativeRun:
     n_draft: int
     n_drafted: int
     n_accept: int
+    first_drafted: int  # the first round's draft tokens, drafted from the prompt alone
+    first_accept: int
 
 
 @dataclass
@@ -87,11 +93,15 @@ def _number(pattern: str, text: str, what: str, cast: Callable[[str], Any] = int
 
 
 def parse_speculative(text: str) -> SpeculativeRun:
-    """The `decoded N tokens in S seconds`, `n_draft`, `n_drafted` and `n_accept` lines of llama-speculative-simple."""
+    """The `decoded N tokens in S seconds`, `n_draft`, `n_drafted` and `n_accept` lines of llama-speculative-simple,
+    and its first round's `accepted A/D draft tokens` debug line (printed under `--log-verbosity 5`)."""
     decoded = re.findall(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
     if not decoded:
         raise LlamaCppOutputError("no 'decoded N tokens in S seconds' line in llama-speculative-simple's output; the run failed or printed another format")
     n_predict, seconds = int(decoded[-1][0]), float(decoded[-1][1])
+    first = re.search(r"accepted (\d+)/(\d+) draft tokens", text)
+    if first is None:
+        raise LlamaCppOutputError("no 'accepted A/D draft tokens' line in llama-speculative-simple's output: run it with --log-verbosity 5 (its debug lines)")
     return SpeculativeRun(
         n_input=_number(r"encoded\s+(\d+) tokens in", text, "'encoded N tokens' line"),
         n_predict=n_predict,
@@ -99,6 +109,8 @@ def parse_speculative(text: str) -> SpeculativeRun:
         n_draft=_number(r"^.*\bn_draft\s+=\s+(\d+)\s*$", text, "n_draft"),
         n_drafted=_number(r"^.*\bn_drafted\s+=\s+(\d+)\s*$", text, "n_drafted"),
         n_accept=_number(r"^.*\bn_accept\s+=\s+(\d+)\s*$", text, "n_accept"),
+        first_drafted=int(first.group(2)),
+        first_accept=int(first.group(1)),
     )
 
 
@@ -157,6 +169,9 @@ def subprocess_runner(timeout: float) -> Runner:
 def speculative_args(k: int) -> list[str]:
     """Exactly `k` draft tokens every round, greedy drafting (this llama.cpp build's spelling)."""
     return ["--spec-type", "draft-simple", "--spec-draft-n-min", str(k), "--spec-draft-n-max", str(k), "--draft-p-min", "0"]
+
+
+ROUND_LOG = ["--log-verbosity", "5"]  # llama-speculative-simple's debug lines: each round's accepted / drafted
 
 
 def common_args(max_new_tokens: int, threads: int, ctx: int, extra: Sequence[str]) -> list[str]:
@@ -245,7 +260,7 @@ def _measure(
         )
     runs = {}
     for name, draft in drafts.items():
-        cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *base]
+        cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *ROUND_LOG, *base]
         run = parse_speculative(runner(cmd))
         if run.n_draft != k:
             raise LlamaCppOutputError(f"llama-speculative-simple reports n_draft = {run.n_draft}, not {k}: it ignored --spec-draft-n-max")
@@ -301,6 +316,7 @@ def bench(
             "tokens_per_s": tps,
             "speedup": tps / alone_tps,
             "ours": ours_acceptance(ours, drafts[name]["family"], k, len(prompts), max_new_tokens),
+            "after_first_round": _after_first_round(runs),
             "intervals": {
                 "acceptance": bootstrap(_acceptance_columns(runs), ratio("a", "d")).to_dict(),
                 "speedup": bootstrap(_speed_columns(runs, target_runs), ratio_of_ratios("p", "s", "e", "t")).to_dict(),
@@ -314,9 +330,26 @@ def bench(
     }
 
 
-def _acceptance_columns(runs: Sequence[dict[str, Any]], tag: str = "") -> dict[str, list[float]]:
-    """Per prompt, accepted and drafted tokens (columns a, d, suffixed by `tag`) for the bootstrap."""
+def _acceptance_columns(runs: Sequence[dict[str, Any]], tag: str = "", skip_first: bool = False) -> dict[str, list[float]]:
+    """Per prompt, accepted and drafted tokens (columns a, d, suffixed by `tag`) for the bootstrap; with
+    `skip_first`, those of the rounds after the first (the rounds this project's decoder has too)."""
+    if skip_first:
+        return {f"a{tag}": [r["n_accept"] - r["first_accept"] for r in runs], f"d{tag}": [r["n_drafted"] - r["first_drafted"] for r in runs]}
     return {f"a{tag}": [r["n_accept"] for r in runs], f"d{tag}": [r["n_drafted"] for r in runs]}
+
+
+def _after_first_round(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Acceptance over the rounds after the first (with its interval), and the first rounds' own counts."""
+    first_accept, first_drafted = sum(r["first_accept"] for r in runs), sum(r["first_drafted"] for r in runs)
+    accepted, drafted = sum(r["n_accept"] for r in runs) - first_accept, sum(r["n_drafted"] for r in runs) - first_drafted
+    return {
+        "acceptance": accepted / drafted if drafted else None,
+        "n_accept": accepted,
+        "n_drafted": drafted,
+        "interval": bootstrap(_acceptance_columns(runs, skip_first=True), ratio("a", "d")).to_dict(),
+        "first_accept": first_accept,
+        "first_drafted": first_drafted,
+    }
 
 
 def _speed_columns(runs: Sequence[dict[str, Any]], target_runs: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
@@ -337,36 +370,70 @@ def _ours_difference(ours: dict[str, Any] | None, draft: str | None, reference: 
     return None
 
 
+def _paired(d: dict[str, Any], ref: dict[str, Any], skip_first: bool = False) -> dict[str, Any]:
+    """`d`'s acceptance minus `ref`'s over the same prompts, with its 95% interval and whether it excludes 0."""
+    columns = {**_acceptance_columns(d["runs"], "1", skip_first), **_acceptance_columns(ref["runs"], "0", skip_first)}
+    iv = bootstrap(columns, difference(ratio("a1", "d1"), ratio("a0", "d0")))
+    return {**iv.to_dict(), "outside_noise": iv.excludes(0.0)}
+
+
 def comparisons(report: dict[str, Any], reference: str, ours: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Every draft's acceptance minus the reference draft's in llama.cpp, paired over the same prompts with its
-    95% interval, beside this project's decoder's paired difference for the same two drafts (from `ours`)."""
+    95% interval (every round, and the rounds after the first), beside this project's decoder's paired
+    difference for the same two drafts (from `ours`)."""
     ref = report["drafts"][reference]
     out = []
     for name, d in report["drafts"].items():
         if name == reference:
             continue
-        columns = {**_acceptance_columns(d["runs"], "1"), **_acceptance_columns(ref["runs"], "0")}
-        iv = bootstrap(columns, difference(ratio("a1", "d1"), ratio("a0", "d0")))
+        whole = _paired(d, ref)
+        later = _paired(d, ref, skip_first=True)
         mine = _ours_difference(ours, (d.get("ours") or {}).get("draft"), (ref.get("ours") or {}).get("draft"))
         out.append(
             {
                 "draft": name,
                 "reference": reference,
-                "llama_cpp": {**iv.to_dict(), "outside_noise": iv.excludes(0.0)},
+                "llama_cpp": whole,
+                "llama_cpp_after_first_round": later,
                 "ours": mine,
-                "llama_cpp_minus_ours": None if mine is None else iv.value - mine["value"],
+                "llama_cpp_minus_ours": None if mine is None else whole["value"] - mine["value"],
+                "after_first_round_minus_ours": None if mine is None else later["value"] - mine["value"],
             }
         )
     return out
 
 
-HEADER = ["system", "draft type", "acceptance (llama.cpp)", "accepted / drafted", "tokens/s", "speedup", "acceptance (distill decoder)"]
-COMPARISON_HEADER = ["difference", "llama.cpp", "distill decoder", "llama.cpp − distill"]
+HEADER = [
+    "system",
+    "draft type",
+    "acceptance (llama.cpp)",
+    "accepted / drafted",
+    "after round 1 (llama.cpp)",
+    "tokens/s",
+    "speedup",
+    "acceptance (distill decoder)",
+]
+COMPARISON_HEADER = ["difference", "llama.cpp", "llama.cpp after round 1", "distill decoder", "llama.cpp − distill", "after round 1 − distill"]
+
+
+def _signed(value: float | None) -> str:
+    """A signed difference, – when there is none."""
+    return "–" if value is None else f"{value:+.3f}"
+
+
+def _after_cell(after: dict[str, Any]) -> str:
+    """Acceptance after round 1 with its interval, and what round 1 itself accepted."""
+    return f"{format_interval(after['interval'], '.3f')} (round 1: {after['first_accept']}/{after['first_drafted']})"
+
+
+def _noted(interval: dict[str, Any]) -> str:
+    """A paired difference with its interval, starred when the interval excludes 0."""
+    return format_interval(interval, "+.3f") + ("*" if interval.get("outside_noise") else "")
 
 
 def rows(report: dict[str, Any]) -> list[list[Any]]:
     """The main table's rows: the target alone, then one per draft, with 95% intervals over prompts."""
-    out = [["llama.cpp target alone", "–", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
+    out = [["llama.cpp target alone", "–", "–", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
     for name, d in report["drafts"].items():
         ours = d.get("ours") or {}
         mine = "–" if ours.get("acceptance") is None else f"{ours['acceptance']:.3f}" + (" (other settings)" if ours.get("settings_differ") else "")
@@ -377,6 +444,7 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
                 d["outtype"],
                 format_interval(iv.get("acceptance"), ".3f") if iv else f"{d['acceptance']:.3f}",
                 f"{d['n_accept']}/{d['n_drafted']}",
+                _after_cell(d["after_first_round"]),
                 round(d["tokens_per_s"], 2),
                 format_interval(iv.get("speedup"), ".2f", "×") if iv else f"{d['speedup']:.2f}×",
                 mine,
@@ -390,9 +458,11 @@ def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
     return [
         [
             f"{c['draft']} − {c['reference']}",
-            format_interval(c["llama_cpp"], "+.3f") + ("*" if c["llama_cpp"].get("outside_noise") else ""),
+            _noted(c["llama_cpp"]),
+            _noted(c["llama_cpp_after_first_round"]),
             format_interval(c["ours"], "+.3f"),
-            "–" if c["llama_cpp_minus_ours"] is None else f"{c['llama_cpp_minus_ours']:+.3f}",
+            _signed(c["llama_cpp_minus_ours"]),
+            _signed(c["after_first_round_minus_ours"]),
         ]
         for c in report.get("comparisons") or []
     ]
@@ -412,7 +482,10 @@ def docs_blocks(report: dict[str, Any]) -> list[Block]:
         f"`{Path(st['data_file']).name}` (the first {st['num_prompts']} of the seed-{st['seed']} shuffle `distill accept` draws; every prompt's ids "
         f"checked equal to this project's), ≤ {st['max_new_tokens']} tokens, greedy, exactly {st['num_draft_tokens']} draft tokens a round "
         f"(`{' '.join(st['speculative_args'])}`), {st['threads']} threads. [low, high] = 95% bootstrap interval over prompts; the distill "
-        "decoder's figures come from the `distill accept` report given with --ours (its own run, on the same prompts).",
+        "decoder's figures come from the `distill accept` report given with --ours (its own run, on the same prompts). llama.cpp's "
+        "first round drafts from the prompt alone, before the target has written a token; the distill decoder takes the first "
+        "token from the target's prefill and drafts from the second on, so it has no such round: \"after round 1\" is llama.cpp's "
+        "acceptance without it (read from its `--log-verbosity 5` lines), counted as the distill decoder counts.",
         table_block(HEADER, rows(report)),
     ]
     if report.get("comparisons"):
@@ -433,6 +506,7 @@ def fingerprint(args: argparse.Namespace, drafts: dict[str, dict[str, Any]]) -> 
         "drafts": {name: [d["gguf"], file_stamp(Path(d["gguf"]))] for name, d in drafts.items()},
         "data": file_stamp(Path(args.data_file)),
         **{key: getattr(args, key) for key in ("seed", "max_new_tokens", "num_draft_tokens", "threads", "ctx", "llama_args", "llama_cpp")},
+        "round_log": ROUND_LOG,
     }
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -27,9 +27,12 @@ from distill.commands.render_docs import main as render_docs
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llamacpp.py"
 
-# llama-speculative-simple's closing lines (stderr), timestamps as this build's LOG_INF prints them.
+# llama-speculative-simple's first round (a --log-verbosity 5 debug line) and closing lines (stderr),
+# timestamps as this build's LOG_DBG and LOG_INF print them.
 SPECULATIVE = """\
 0.00.018.119 I common_speculative_init_result: loading draft model 'd-f16.gguf'
+0.00.021.502 D accepted 2/3 draft tokens, the last target token is: (1249)
+0.00.022.311 D accepted 0/3 draft tokens, the last target token is: (311)
 0.00.039.994 I encoded   11 tokens in    0.001 seconds, speed: 17973.855 t/s
 0.00.040.005 I decoded   33 tokens in    0.017 seconds, speed: 1955.440 t/s
 0.00.040.011 I
@@ -67,11 +70,14 @@ anna<|im_end|>
 def test_speculative_output_is_parsed():
     run = parse_speculative(SPECULATIVE)
     assert (run.n_input, run.n_predict, run.seconds, run.n_draft, run.n_drafted, run.n_accept) == (11, 33, 0.017, 3, 93, 0)
+    assert (run.first_accept, run.first_drafted) == (2, 3)  # the first round's line, not a later one
     assert parse_speculative(SPECULATIVE.replace("0.00.040.015 I ", "")).n_draft == 3  # without the timestamp prefix too
     with pytest.raises(LlamaCppOutputError, match="no 'decoded N tokens"):
         parse_speculative("error: failed to load model")
     with pytest.raises(LlamaCppOutputError, match="no n_accept"):
         parse_speculative(SPECULATIVE.replace("n_accept  = 0", ""))
+    with pytest.raises(LlamaCppOutputError, match="--log-verbosity 5"):
+        parse_speculative("\n".join(line for line in SPECULATIVE.splitlines() if " D " not in line))
 
 
 def test_completion_output_is_parsed():
@@ -130,8 +136,9 @@ def setup(tmp_path_factory, tiny_pair):
 
 def _runner(tokenizer, calls: list, shift: int = 0):
     """A stand-in for llama.cpp: the target alone prints the prompt's ids (tokenized as llama.cpp would, `shift`
-    added to the last to fake a disagreement) and 10 decode runs in 50 ms; speculative runs accept 6 of 9 in 25 ms
-    (an f16 draft 8 of 9 on the prompts with an even number of apples, so that drafts differ prompt by prompt)."""
+    added to the last to fake a disagreement) and 10 decode runs in 50 ms; speculative runs accept 6 of 9 in 25 ms,
+    1 of 3 in their first round (an f16 draft 8 of 9 on the prompts with an even number of apples, 3 of 3 in its
+    first round: drafts differ prompt by prompt, and only in the first round)."""
 
     def run(cmd: list[str]) -> str:
         calls.append(cmd)
@@ -146,6 +153,7 @@ def _runner(tokenizer, calls: list, shift: int = 0):
         even = int(re.search(r"anna has (\d+) apples", prompt).group(1)) % 2 == 0
         accepted = 8 if cmd[cmd.index("-md") + 1].endswith("-f16.gguf") and even else 6
         return (
+            f"D accepted {3 if accepted == 8 else 1}/3 draft tokens, the last target token is: (7)\nD accepted 2/3 draft tokens\n"
             f"I encoded {len(ids):4d} tokens in 0.1 seconds\nI decoded   12 tokens in    0.025 seconds, speed: 480 t/s\n"
             f"I n_draft   = 3\nI n_predict = 12\nI n_drafted = 9\nI n_accept  = {accepted}\n"
         )
@@ -169,7 +177,7 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
     assert d["ours"] == {"draft": "draft", "acceptance": 0.625, "settings_differ": None}
     spec = [c for c in calls if c[0].endswith("llama-speculative-simple")]
     assert len(spec) == 8 and all(c[c.index("-md") + 1].endswith(".gguf") for c in spec)
-    assert all(" ".join(speculative_args(3)) in " ".join(c) and "--temp 0" in " ".join(c) for c in spec)
+    assert all(" ".join(speculative_args(3)) in " ".join(c) and "--temp 0" in " ".join(c) and "--log-verbosity 5" in " ".join(c) for c in spec)
     alone = [c for c in calls if c[0].endswith("llama-completion") and "--version" not in c]
     assert len(alone) == 4 and all("-no-cnv" in c and "--verbose-prompt" in c for c in alone)
     assert (
@@ -177,12 +185,19 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
         and "others_cores" in report["machine_load"]
         and report["settings"]["speculative_args"] == speculative_args(3)
     )
-    assert "| draft-q8_0 | q8_0 | 0.667 [0.667, 0.667] | 24/36 | 480 | 2.40× [2.40, 2.40] | 0.625 |" in capsys.readouterr().out
+    assert (
+        "| draft-q8_0 | q8_0 | 0.667 [0.667, 0.667] | 24/36 | 0.833 [0.833, 0.833] (round 1: 4/12) | 480 | 2.40× [2.40, 2.40] | 0.625 |"
+        in capsys.readouterr().out
+    )
+    later = d["after_first_round"]  # 5 of the 6 tokens drafted after the first round, on every prompt
+    assert later["acceptance"] == pytest.approx(20 / 24) and (later["n_accept"], later["n_drafted"]) == (20, 24)
     # the paired difference over the same prompts: q8_0 accepts 6 of 9 everywhere, f16 8 of 9 on the even prompts
     evens = sum(r["n_accept"] == 8 for r in report["drafts"]["draft-f16"]["runs"])
     (diff,) = report["comparisons"]
     assert (diff["draft"], diff["reference"]) == ("draft-q8_0", "draft-f16") and diff["ours"] is None
     assert diff["llama_cpp"]["value"] == pytest.approx(-2 * evens / 36) and diff["llama_cpp"]["low"] <= diff["llama_cpp"]["value"] <= diff["llama_cpp"]["high"]
+    after = diff["llama_cpp_after_first_round"]  # both drafts differ in their first round only
+    assert evens > 0 and after["value"] == pytest.approx(0.0) and not after["outside_noise"] and diff["after_first_round_minus_ours"] is None
     saved = json.loads((tmp_path / "docs" / "results" / "bench_llamacpp.json").read_text())
     assert saved["blocks"][1]["rows"][2][0] == "draft-q8_0" and "<!-- results:bench_llamacpp -->" in docs.read_text()
     assert render_docs(["--check", "--root", str(tmp_path)]) == 0
