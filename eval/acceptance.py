@@ -35,7 +35,7 @@ from distill.common import prompts
 from distill.common.io import file_stamp
 from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.common.provenance import MachineLoad, environment, warn
-from distill.common.trim import draft_to_target
+from distill.common.trim import coverage, draft_to_target
 from distill.common.vocab import check_tokenizers_agree
 from distill.eval.figures import (
     SCHEMA_VERSION,
@@ -50,7 +50,7 @@ from distill.eval.figures import (
     timed_pairs,
     timing,
 )
-from distill.eval.journal import Journal, Run
+from distill.eval.journal import Journal, Run, busiest
 from distill.eval.measurement import ALONE, TARGET, Call, Decoding, calls_to_run, speculative_generate, target_generate
 from distill.eval.report import write_outputs
 from distill.eval.tasks import TASKS, TaskExample, get_task
@@ -83,6 +83,7 @@ class Settings:
     num_draft_tokens: int = 5
     ks: list[int] = field(default_factory=list)
     sweep_samples: int | None = None
+    sweep_drafts: list[str] | None = None  # the drafts measured at every --ks (None: all of them); the rest at the main k only
     schedule: str = "constant"
     temperature: float = 0.0
     top_p: float = 1.0
@@ -119,6 +120,10 @@ class Settings:
                 out.append((f"{task}@{template_label(task, name)}", task, name))
         return out
 
+    def swept(self, draft: str) -> bool:
+        """Whether `draft` is measured at every k of --ks (on the sweep's prompts), not at the main k only."""
+        return self.sweep_drafts is None or draft in self.sweep_drafts
+
     @property
     def labels(self) -> list[str]:
         """The report's task rows: one per task and template (`variants`)."""
@@ -131,7 +136,16 @@ class Settings:
         The prompt counts, templates and shot files are left out: they decide which prompts are asked,
         and each call's key carries a hash of its prompts (`plan`), so a larger count or another
         template reuses the calls of the prompts already measured."""
-        calls_only = ("drafts", "draft_alone", "ks", "sweep_samples", "num_samples", "templates", "fewshot_files")  # each call keyed by its prompts, system, k
+        calls_only = (
+            "drafts",
+            "draft_alone",
+            "ks",
+            "sweep_samples",
+            "sweep_drafts",
+            "num_samples",
+            "templates",
+            "fewshot_files",
+        )  # each call keyed by its prompts, system, k
         keyed = {k: v for k, v in asdict(self).items() if k not in ("output_dir", "cost_repeats", *calls_only)}
         sources = [self.target, *self.data_files.values()]
         keyed["files"] = {src: file_stamp(Path(src)) for src in sources if Path(src).exists()}
@@ -353,6 +367,9 @@ def _check(settings: Settings) -> None:
         raise ValueError(f"--temperature must be >= 0 (0 = greedy) and --top-p in (0, 1]; got {settings.temperature}, {settings.top_p}")
     if settings.dtype not in DTYPES:
         raise ValueError(f"--dtype {settings.dtype!r}: choose one of {DTYPES}")
+    names = [d.name for d in settings.drafts]
+    if unknown := [n for n in settings.sweep_drafts or [] if n not in names]:
+        raise ValueError(f"--sweep-drafts names {unknown[0]!r}, which is no --draft; choose among {names}")
 
 
 def load_examples(settings: Settings) -> dict[str, list[TaskExample]]:
@@ -482,7 +499,7 @@ def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[lis
     for name in settings.labels:
         for b, idx in enumerate(_batches(examples[name], settings.batch_size)):
             in_sweep = settings.sweep_samples is None or idx[0] < settings.sweep_samples
-            jobs = [(TARGET, None)] + [(d.name, k) for d in settings.drafts for k in [k0] + (sweep_ks if in_sweep else [])]
+            jobs = [(TARGET, None)] + [(d.name, k) for d in settings.drafts for k in [k0] + (sweep_ks if in_sweep and settings.swept(d.name) else [])]
             jobs += [(ALONE + d.name, None) for d in settings.drafts] if settings.draft_alone else []
             asked = prompt_stamp([examples[name][i] for i in idx])
             batches.append(
@@ -496,8 +513,11 @@ def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[lis
     return batches
 
 
-def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Journal, tokenizer: PreTrainedTokenizerBase, costs: RunCosts) -> None:
-    """Warm up, then make `calls` in order, journalling each as it finishes and timing the cost repeats due after it."""
+def _execute(
+    settings: Settings, loaded: Loaded, calls: list[Call], journal: Journal, tokenizer: PreTrainedTokenizerBase, costs: RunCosts, load: MachineLoad
+) -> None:
+    """Warm up, then make `calls` in order, journalling each as it finishes (with the run's machine load so far,
+    which a stopped run leaves as its record) and timing the cost repeats due after it."""
     device = torch.device(settings.device)
 
     def tensors(name: str, idx: Sequence[int]) -> dict[str, torch.Tensor]:
@@ -518,7 +538,8 @@ def _execute(settings: Settings, loaded: Loaded, calls: list[Call], journal: Jou
             result = target_generate(model, batch, loaded.decoding[call.task], seed)
         else:
             result = speculative_generate(loaded.decoders[(call.system, call.k)], batch, loaded.decoding[call.task], seed)
-        journal.add(call.key, {"task": call.task, "batch": call.batch, "examples": list(call.examples), "system": call.system, "k": call.k, **result})
+        record = {"task": call.task, "batch": call.batch, "examples": list(call.examples), "system": call.system, "k": call.k, **result}
+        journal.add(call.key, {**record, "machine_load": load.report()})
         costs.after_call(i)
 
 
@@ -595,11 +616,12 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         print(f"distill accept: {reused} generate calls reused from {journal.path}; this run ({journal.run.run_id}) makes {len(todo)}", file=sys.stderr)
     load = MachineLoad().start()
     run_costs = RunCosts(settings, loaded, journal, batches, len(todo))
-    _execute(settings, loaded, todo, journal, tokenizer, run_costs)
+    _execute(settings, loaded, todo, journal, tokenizer, run_costs, load)
     costs = run_costs.finish()
     journal.end(load.stop().report())
     report = build_report(settings, examples, journal, batches, tokenizer, _environment(settings, torch.device(settings.device), command), draft_paths)
     _add_mismatches(report, settings, examples, journal, batches, loaded)
+    _add_coverage(report, journal, batches, loaded)
     for name, entry in report["drafts"].items():
         add_predictions(entry, costs[name], settings.num_draft_tokens)
         entry["best_k"] = best_k(entry["alpha"], costs[name], k_max=max(costs[name].v))
@@ -608,7 +630,7 @@ def run(settings: Settings, command: str = "") -> dict[str, Any]:
         cost_timing=run_costs.timing,
         target_generation_config_ignored=loaded.dropped,
     )
-    report["machine_load"] = journal.run.machine_load
+    report["machine_load"] = busiest(report["runs"].values()) or journal.run.machine_load  # the busiest run behind its timings
     write_outputs(report, settings.output_dir)
     warn(report["machine_load"], "distill accept")
     return report
@@ -630,6 +652,22 @@ def _add_mismatches(
                 {"example": e, **first_difference(loaded.target, loaded.encoded[name][ids[e]], base[ids[e]], spec[ids[e]], device)}
                 for e in row["differing_examples"]
             ]
+
+
+def _add_coverage(report: dict[str, Any], journal: Journal, batches: list[list[Call]], loaded: Loaded) -> None:
+    """Each trimmed draft's kept rows and, per task, the share of the target-only output tokens (its answers
+    to these held-out prompts) inside its set: a token outside it is one the draft can never propose."""
+    vocab = loaded.target.get_output_embeddings().weight.shape[0]
+    for d, entry in report["drafts"].items():
+        ids = draft_to_target(loaded.drafts[d])
+        if ids is None:
+            continue
+        shares = {}
+        for name in report["target_only"]:
+            base = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == TARGET)
+            tokens = torch.tensor([t for row in base.values() for t in row], dtype=torch.long)
+            shares[name] = coverage(torch.bincount(tokens, minlength=vocab), ids.cpu())
+        entry["vocab"] = {"kept": len(ids), "coverage": shares}
 
 
 @torch.no_grad()
@@ -692,18 +730,14 @@ def build_report(
                 aq = quality(task, texts(name, alone), examples[name])
                 tasks[name].update(draft_alone_quality=aq["quality"], draft_alone_metrics=aq["metrics"], draft_alone_tokens_per_s=timing(alone)["tokens_per_s"])
         pooled = [journal.latest(c.key) for c in of(None, d.name, k0)]
-        drafts[d.name] = {
-            "path": d.path,
-            "resolved_path": draft_paths[d.name],
-            "alpha": acceptance(pooled)["alpha"],
-            "tasks": tasks,
-            "sweep": _sweep(settings, journal, of, target_keys)(d.name),
-        }
+        sweep = _sweep(settings, journal, of, target_keys)(d.name)
+        used_runs.update(run for point in sweep for run in point["runs"])
+        drafts[d.name] = {"path": d.path, "resolved_path": draft_paths[d.name], "alpha": acceptance(pooled)["alpha"], "tasks": tasks, "sweep": sweep}
     return {
         "schema_version": SCHEMA_VERSION,
         "target": settings.target,
         "environment": environment,
-        "runs": {run_id: journal.runs[run_id] for run_id in sorted(used_runs)},
+        "runs": {run_id: journal.run_with_load(run_id) for run_id in sorted(used_runs)},
         "settings": {
             **{k: v for k, v in asdict(settings).items() if k not in ("drafts", "target")},
             "drafts": {d.name: d.path for d in settings.drafts},
@@ -724,6 +758,8 @@ def _sweep(settings: Settings, journal: Journal, of: Any, target_keys: dict[tupl
 
     def sweep(draft: str) -> list[dict[str, Any]]:
         points = []
+        if not settings.swept(draft):
+            return points
         for k in sorted(set(settings.ks) | {settings.num_draft_tokens}):
             records, pairs, runs = timed_pairs(journal, of(None, draft, k, sweep_only=True), target_keys)
             acc = acceptance(records)
@@ -779,6 +815,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         num_draft_tokens=args.num_draft_tokens,
         ks=parse_ints(args.ks, "--ks") if args.ks else [],
         sweep_samples=args.sweep_samples,
+        sweep_drafts=[n.strip() for n in args.sweep_drafts.split(",") if n.strip()] if args.sweep_drafts else None,
         schedule=args.schedule,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -2,7 +2,7 @@
 the timing run that made it (the llama.cpp benchmark journals each prompt's runs the same way).
 
 A run is one invocation of the evaluation (`run_id`, start time, machine, torch threads; its machine
-load is appended when it ends). Outputs and acceptance of any run may be reused; a timing is only
+load is appended when it ends, and journalled with each call so far, so a stopped run's is known too). Outputs and acceptance of any run may be reused; a timing is only
 ever compared with timings of its own run: a speedup pairs each speculative call with the
 target-only call of the same prompts timed in the same run. Journals written before runs were
 recorded are read whole: their calls count as one earlier run (`LEGACY`) whose timings are never
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,15 @@ class Journal:
         self.runs[self.run.run_id]["machine_load"] = machine_load
         self._append({"run_end": self.run.run_id, "machine_load": machine_load})
 
+    def run_with_load(self, run_id: str) -> dict[str, Any]:
+        """A run's line with its machine load: as recorded at its end or, for a run that was stopped, as
+        journalled with its last call (None where neither was recorded: calls of older versions)."""
+        run = dict(self.runs[run_id])
+        if run.get("machine_load") is None:
+            loads = [r["machine_load"] for calls in self.records.values() for r in calls if r["run_id"] == run_id and r.get("machine_load")]
+            run["machine_load"] = max(loads, key=lambda m: m["wall_s"]) if loads else None
+        return run
+
     def latest(self, key: str) -> dict[str, Any] | None:
         """The newest call under `key` (its outputs and acceptance), from any run."""
         calls = self.records.get(key)
@@ -130,3 +140,10 @@ def _json(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def busiest(runs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The machine load of the busiest of these runs (by the other processes' cores): what a report timed by
+    all of them may claim about how idle the machine was."""
+    loads = [r["machine_load"] for r in runs if r.get("machine_load")]
+    return max(loads, key=lambda m: m["others_cores"] or 0.0) if loads else None

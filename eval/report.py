@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from distill.common.docs import markdown_table
 from distill.common.io import atomic_write, to_json
 from distill.eval.intervals import format_interval
 
@@ -67,8 +68,9 @@ def speedup_plot(report: dict[str, Any]) -> bytes:
     ax = fig.subplots()
     for i, (name, entry) in enumerate(report["drafts"].items()):
         colour = f"C{i}"
-        ks = [p["k"] for p in entry["sweep"]]
-        ax.plot(ks, [p["decode_speedup"] or 0.0 for p in entry["sweep"]], marker="o", color=colour, label=f"{_short(name)}: measured decode speedup")
+        if entry["sweep"]:  # a draft left out of --sweep-drafts has its predicted curve only
+            ks = [p["k"] for p in entry["sweep"]]
+            ax.plot(ks, [p["decode_speedup"] or 0.0 for p in entry["sweep"]], marker="o", color=colour, label=f"{_short(name)}: measured decode speedup")
         curve = entry.get("predicted_curve") or []
         if curve:
             ax.plot(
@@ -162,6 +164,21 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
     return header + rows if rows else []
 
 
+def vocab_table(report: dict[str, Any], heading: str = "##") -> list[str]:
+    """Each trimmed draft's kept output rows and its coverage per task (the share of the target-only
+    answers' tokens inside its set); nothing when no draft is trimmed."""
+    rows = [
+        [name, f"{entry['vocab']['kept']:,}", task, f"{share:.2%}"]
+        for name, entry in report["drafts"].items()
+        if "vocab" in entry
+        for task, share in entry["vocab"]["coverage"].items()
+    ]
+    if not rows:
+        return []
+    title = f"{heading} Trimmed output layers: coverage of the target's own output tokens"
+    return ["", title, "", markdown_table(["draft", "output rows kept", "task", "coverage"], rows)]
+
+
 def _comparison_table(report: dict[str, Any]) -> list[str]:
     """Each draft minus the first named, on the same prompts: paired differences with their intervals."""
     rows = report.get("comparisons") or []
@@ -220,7 +237,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for task, base in report["target_only"].items():
         lines += _task_table(report, task, base)
-    lines += _comparison_table(report) + decomposition_table(report) + _runs(report) + sweep_tables(report)
+    lines += _comparison_table(report) + vocab_table(report) + decomposition_table(report) + _runs(report) + sweep_tables(report)
     lines += [f"![per-position acceptance]({ACCEPTANCE_PLOT})", "", f"![speedup vs k]({SPEEDUP_PLOT})", ""]
     return "\n".join(lines)
 
@@ -233,6 +250,8 @@ def sweep_tables(report: dict[str, Any], heading: str = "##") -> list[str]:
     k0 = report["settings"]["num_draft_tokens"]
     lines = ["", f"{heading} Speedup vs k (all tasks pooled)", ""]
     for name, entry in report["drafts"].items():
+        if not entry.get("sweep"):
+            continue
         costs = entry.get("costs") or {}
         lines += [
             f"**{name}**: α = {entry['alpha']:.3f}, c = {_f(costs.get('c'), '.3f')}, best k = {entry.get('best_k', '–')} (α fitted at k = {k0}).",

@@ -50,7 +50,7 @@ from distill.common.io import file_stamp, write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
 from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
-from distill.eval.journal import Journal, Run
+from distill.eval.journal import Journal, Run, busiest
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
@@ -514,15 +514,7 @@ def fingerprint(args: argparse.Namespace, drafts: dict[str, dict[str, Any]]) -> 
 def run_loads(journal: Journal, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The runs that timed the report's prompts, each with its machine load: at its end, or for a run that
     was stopped, as journalled with its last prompt."""
-    used = {r["run_id"] for r in report["target_only"]["runs"]}
-    runs = {}
-    for run_id in used:
-        run = dict(journal.runs[run_id])
-        if run.get("machine_load") is None:
-            loads = [r["machine_load"] for calls in journal.records.values() for r in calls if r["run_id"] == run_id]
-            run["machine_load"] = max(loads, key=lambda m: m["wall_s"])
-        runs[run_id] = run
-    return runs
+    return {run_id: journal.run_with_load(run_id) for run_id in {r["run_id"] for r in report["target_only"]["runs"]}}
 
 
 def _version(tools: dict[str, Path], runner: Runner) -> str | None:
@@ -621,7 +613,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     report["comparisons"] = comparisons(report, reference, ours)
     journal.end(load.stop().report())
     runs = run_loads(journal, report)
-    busy = max((r["machine_load"] for r in runs.values()), key=lambda m: m["others_cores"] or 0.0)
+    busy = busiest(runs.values())
     report = {
         "settings": {
             "target": args.target,

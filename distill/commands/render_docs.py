@@ -24,7 +24,7 @@ from typing import Any
 from distill.common.docs import markdown_table, render_benchmark
 from distill.common.io import atomic_write
 from distill.eval.intervals import format_interval
-from distill.eval.report import decomposition_table, sweep_tables
+from distill.eval.report import decomposition_table, sweep_tables, vocab_table
 
 DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
 RESULTS = "docs/results"
@@ -118,7 +118,7 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
                 ],
             )
         )
-    lines += decomposition_table(report, "####") + sweep_tables(report, "####")
+    lines += vocab_table(report, "####") + decomposition_table(report, "####") + sweep_tables(report, "####")
     loads = [(run_id, (run.get("machine_load") or {}).get("others_cores")) for run_id, run in (report.get("runs") or {}).items()]
     lines += ["", "Timed in " + "; ".join(f"run `{r}` (other processes {'–' if c is None else format(c, '.2f')} cores)" for r, c in loads) + "."]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import torch
 from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
 from distill.common.vocab import cut_at_eos
 from distill.eval.acceptance import DraftSource, Settings, main, parse_drafts
-from distill.eval.journal import LEGACY, Journal, Run
+from distill.eval.journal import LEGACY, Journal, Run, busiest
 from distill.eval.measurement import TARGET, Call, calls_to_run
 from distill.eval.tasks import get_task
 
@@ -410,6 +410,7 @@ def test_draft_with_another_tokenizer_is_refused(setup, tmp_path, capsys):
         (("--tasks", "gsm8k,squad"), "unknown task 'squad'"),
         (("--data-file", "mmlu=/nonexistent/mmlu.jsonl"), "does not exist"),
         (("--ks", "0,2"), "--ks"),
+        (("--sweep-drafts", "small,nobody"), "--sweep-drafts names 'nobody', which is no --draft"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(setup, tmp_path, capsys, change, message):
@@ -484,3 +485,78 @@ def test_templates_are_reported_per_label_and_reuse_the_calls_of_their_prompts(s
     for label in ("gsm8k@default", "gsm8k@plain"):
         assert report["drafts"]["self"]["tasks"][label]["acceptance_rate"] == 1.0 and report["drafts"]["self"]["tasks"][label]["num_prompts"] == 2
     assert "## gsm8k@plain" in (out / "report.md").read_text()
+
+
+def test_a_trimmed_draft_keeps_greedy_identity_and_reports_its_coverage(setup, tmp_path, examples):
+    """A draft cut by `distill trim-vocab` decodes the target's greedy output, and its report gives the
+    kept rows and, per task, the share of the target-only output tokens inside its set, counted here by hand."""
+    from distill.commands.trim_vocab import main as trim_vocab
+    from distill.common.trim import read_map
+
+    root, files = setup
+    texts = tmp_path / "corpus.txt"  # the text the tiny pair learnt from
+    texts.write_text("\n".join(corpus_texts(examples)))
+    assert trim_vocab([str(root / "draft"), str(tmp_path / "trimmed"), "--size", "192", "--from", str(texts)]) == 0
+    kept = set(read_map(tmp_path / "trimmed")[0])
+    out = tmp_path / "run"
+    args = _args(root, {"gsm8k": files["gsm8k"]}, out)
+    args[args.index("--tasks") + 1] = "gsm8k"
+    args[args.index(f"self={root / 'target'}")] = f"trimmed={tmp_path / 'trimmed'}"
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    row = report["drafts"]["trimmed"]["tasks"]["gsm8k"]
+    assert row["greedy_identity"] == 1.0 and "vocab" not in report["drafts"]["small"]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    tokens = [t for r in records if r.get("system") == TARGET and r.get("task") == "gsm8k" for new in r["new"] for t in new]
+    share = sum(t in kept for t in tokens) / len(tokens)
+    assert 0 < share < 1  # the target writes tokens the trimmed draft can never propose, and decoding stays lossless
+    assert report["drafts"]["trimmed"]["vocab"] == {"kept": 192, "coverage": {"gsm8k": pytest.approx(share)}}
+    assert f"| trimmed | 192 | gsm8k | {share:.2%} |" in (out / "report.md").read_text()
+
+
+def test_the_k_sweep_covers_the_drafts_named_and_one_added_later_reuses_every_call(setup, tmp_path):
+    """--sweep-drafts measures the other drafts at the main k only; the same run without it then makes only
+    the left-out draft's sweep calls (and their target-only pairs), reusing every journalled call."""
+    root, files = setup
+    out = tmp_path / "run"
+    args = _args(root, {"gsm8k": files["gsm8k"]}, out, "--ks", "1")
+    args[args.index("--tasks") + 1] = "gsm8k"
+
+    def records() -> list[dict]:
+        return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if '"key"' in line]
+
+    assert main([*args, "--sweep-drafts", "small"]) == 0
+    first = records()
+    assert {(r["system"], r["k"]) for r in first} == {(TARGET, None), ("small", 3), ("small", 1), ("self", 3)}
+    report = json.loads((out / "report.json").read_text())
+    assert [p["k"] for p in report["drafts"]["small"]["sweep"]] == [1, 3] and report["drafts"]["self"]["sweep"] == []
+    md = (out / "report.md").read_text()
+    assert "**small**: α" in md and "**self**: α" not in md
+    assert main(args) == 0
+    after = records()
+    assert after[: len(first)] == first
+    assert {(r["system"], r["k"]) for r in after[len(first) :]} == {(TARGET, None), ("self", 1)}
+    report = json.loads((out / "report.json").read_text())
+    assert [p["k"] for p in report["drafts"]["self"]["sweep"]] == [1, 3]
+    assert len(report["runs"]) == 2 and all(run["machine_load"]["wall_s"] > 0 for run in report["runs"].values())
+    assert all(r["machine_load"]["wall_s"] > 0 for r in after)  # each call carries its run's load so far
+
+
+def test_a_stopped_runs_load_is_read_from_its_last_call_and_a_report_claims_its_busiest_run(tmp_path):
+    def load(wall_s: float, cores: float) -> dict:
+        return {"wall_s": wall_s, "others_cores": cores}
+
+    journal = Journal(tmp_path / "records.jsonl", "f")
+    journal.begin(Run.begin("cpu"))
+    stopped = journal.run.run_id
+    journal.add("a", {"new": [[1]], "machine_load": load(10.0, 0.02)})
+    journal.add("b", {"new": [[2]], "machine_load": load(20.0, 0.30)})  # killed here: no run_end line
+    journal = Journal(tmp_path / "records.jsonl", "f")
+    journal.begin(Run.begin("cpu"))
+    journal.add("c", {"new": [[3]], "machine_load": load(5.0, 0.01)})
+    journal.end(load(6.0, 0.01))
+    finished = journal.run.run_id
+    journal = Journal(tmp_path / "records.jsonl", "f")
+    assert journal.run_with_load(stopped)["machine_load"] == load(20.0, 0.30)
+    assert journal.run_with_load(finished)["machine_load"] == load(6.0, 0.01)
+    assert busiest([journal.run_with_load(stopped), journal.run_with_load(finished)]) == load(20.0, 0.30)
