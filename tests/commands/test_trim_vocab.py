@@ -96,6 +96,21 @@ def test_trim_vocab_writes_a_folder_the_loader_reads_and_transformers_refuses(fi
         torch.testing.assert_close(full(probe).logits, original(probe).logits)
 
 
+def test_a_loaded_trimmed_head_trains_and_decodes_a_one_position_slice_as_one_mm(files, tmp_path):
+    """The head loads trainable, as every other weight (a full fine-tune of a trimmed folder trains it), and the
+    decoder's first draft step, the last of two positions, runs it as one mm: a frozen head made torch's matmul
+    copy all its K rows into a bmm on every round (+60 ms a round at K = 32k on the real draft, bf16)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    assert _run(files, tmp_path / "trimmed", "--size", K, "--from", files / "texts.jsonl") == 0
+    trimmed = load_model(tmp_path / "trimmed")
+    assert all(p.requires_grad for p in trimmed.parameters())
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        trimmed(torch.arange(2)[None], logits_to_keep=1)
+    ops = [e.name for e in prof.events()]
+    assert "aten::bmm" not in ops and "aten::mm" in ops
+
+
 def test_the_training_other_row_never_reaches_the_folder(files, tmp_path):
     model = load_model(files / "draft")
     trim.trim_head(model, list(range(10, 40)), other_row=True)
