@@ -657,17 +657,16 @@ def _add_mismatches(
 def _add_coverage(report: dict[str, Any], journal: Journal, batches: list[list[Call]], loaded: Loaded) -> None:
     """Each trimmed draft's kept rows and, per task, the share of the target-only output tokens (its answers
     to these held-out prompts) inside its set: a token outside it is one the draft can never propose."""
+    maps = {d: ids.cpu() for d in report["drafts"] if (ids := draft_to_target(loaded.drafts[d])) is not None}
+    if not maps:
+        return
     vocab = loaded.target.get_output_embeddings().weight.shape[0]
-    for d, entry in report["drafts"].items():
-        ids = draft_to_target(loaded.drafts[d])
-        if ids is None:
-            continue
-        shares = {}
-        for name in report["target_only"]:
-            base = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == TARGET)
-            tokens = torch.tensor([t for row in base.values() for t in row], dtype=torch.long)
-            shares[name] = coverage(torch.bincount(tokens, minlength=vocab), ids.cpu())
-        entry["vocab"] = {"kept": len(ids), "coverage": shares}
+    counts = {}  # task -> how often the target wrote each id, counted once for every draft
+    for name in report["target_only"]:
+        base = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == TARGET)
+        counts[name] = torch.bincount(torch.tensor([t for row in base.values() for t in row], dtype=torch.long), minlength=vocab)
+    for d, ids in maps.items():
+        report["drafts"][d]["vocab"] = {"kept": len(ids), "coverage": {name: coverage(c, ids) for name, c in counts.items()}}
 
 
 @torch.no_grad()

@@ -2,11 +2,12 @@
 the timing run that made it (the llama.cpp benchmark journals each prompt's runs the same way).
 
 A run is one invocation of the evaluation (`run_id`, start time, machine, torch threads; its machine
-load is appended when it ends, and journalled with each call so far, so a stopped run's is known too). Outputs and acceptance of any run may be reused; a timing is only
-ever compared with timings of its own run: a speedup pairs each speculative call with the
-target-only call of the same prompts timed in the same run. Journals written before runs were
-recorded are read whole: their calls count as one earlier run (`LEGACY`) whose timings are never
-paired, so their outputs are reused and their prompts re-timed.
+load is appended when it ends, and journalled with each call so far, so a stopped run's is known too).
+Outputs and acceptance of any run may be reused; a timing is only ever compared with timings of its
+own run: a speedup pairs each speculative call with the target-only call of the same prompts timed in
+the same run. Journals written before runs were recorded are read whole: their calls count as one
+earlier run (`LEGACY`) whose timings are never paired, so their outputs are reused and their prompts
+re-timed.
 """
 
 from __future__ import annotations
