@@ -75,6 +75,11 @@ def _accept(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default="", help="also measure speedup at these k (e.g. 1,2,4,6,8), next to the prediction")
     p.add_argument("--sweep-samples", type=int, help="prompts per task used for the --ks sweep (default: all)")
     p.add_argument("--sweep-drafts", metavar="NAME,...", help="the drafts the --ks sweep measures (default: every draft; the rest run at -k only)")
+    p.add_argument(
+        "--compare",
+        metavar="DRAFT:REFERENCE,...",
+        help="also report these paired differences (DRAFT − REFERENCE on the same prompts; each draft is compared with the first named in any case)",
+    )
     p.add_argument("--schedule", default="constant", choices=["constant", "adaptive"], help="draft length schedule")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (identity not expected)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling when --temperature > 0")

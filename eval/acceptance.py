@@ -84,6 +84,7 @@ class Settings:
     ks: list[int] = field(default_factory=list)
     sweep_samples: int | None = None
     sweep_drafts: list[str] | None = None  # the drafts measured at every --ks (None: all of them); the rest at the main k only
+    compare: list[tuple[str, str]] = field(default_factory=list)  # (draft, reference) paired differences besides each draft against the first
     schedule: str = "constant"
     temperature: float = 0.0
     top_p: float = 1.0
@@ -142,6 +143,7 @@ class Settings:
             "ks",
             "sweep_samples",
             "sweep_drafts",
+            "compare",
             "num_samples",
             "templates",
             "fewshot_files",
@@ -293,6 +295,17 @@ def task_of(label: str) -> str:
     return label.partition("@")[0]
 
 
+def parse_pairs(text: str | None) -> list[tuple[str, str]]:
+    """`--compare DRAFT:REFERENCE,...`: the extra paired differences, each of two different drafts."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        draft, sep, ref = (s.strip() for s in item.partition(":"))
+        if not (sep and draft and ref) or draft == ref:
+            raise ValueError(f"--compare {item!r}: write DRAFT:REFERENCE with two different draft names, e.g. mix:gsm8k")
+        pairs.append((draft, ref))
+    return pairs
+
+
 def parse_ints(text: str, flag: str) -> list[int]:
     """A comma-separated list of positive integers (`--ks 1,2,4`)."""
     try:
@@ -370,6 +383,8 @@ def _check(settings: Settings) -> None:
     names = [d.name for d in settings.drafts]
     if unknown := [n for n in settings.sweep_drafts or [] if n not in names]:
         raise ValueError(f"--sweep-drafts names {unknown[0]!r}, which is no --draft; choose among {names}")
+    if unknown := [n for pair in settings.compare for n in pair if n not in names]:
+        raise ValueError(f"--compare names {unknown[0]!r}, which is no --draft; choose among {names}")
 
 
 def load_examples(settings: Settings) -> dict[str, list[TaskExample]]:
@@ -787,11 +802,13 @@ def _sweep(settings: Settings, journal: Journal, of: Any, target_keys: dict[tupl
 
 
 def _comparisons(settings: Settings, per_task: dict[tuple[str, str], tuple[list[dict], list[tuple[dict, dict]]]]) -> list[dict[str, Any]]:
-    """Each draft against the first one named, task by task, on the same prompts: the paired difference."""
+    """Each draft against the first one named, then the --compare pairs, task by task, on the same prompts: the paired difference."""
     names = [d.name for d in settings.drafts]
+    pairs = [(other, names[0]) for other in names[1:]]
+    pairs += [pair for pair in settings.compare if pair not in pairs]
     return [
-        {"task": task, "reference": names[0], "draft": other, **paired_difference(per_task[(names[0], task)], per_task[(other, task)], seed=settings.seed)}
-        for other in names[1:]
+        {"task": task, "reference": ref, "draft": draft, **paired_difference(per_task[(ref, task)], per_task[(draft, task)], seed=settings.seed)}
+        for draft, ref in pairs
         for task in settings.labels
     ]
 
@@ -815,6 +832,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ks=parse_ints(args.ks, "--ks") if args.ks else [],
         sweep_samples=args.sweep_samples,
         sweep_drafts=[n.strip() for n in args.sweep_drafts.split(",") if n.strip()] if args.sweep_drafts else None,
+        compare=parse_pairs(args.compare),
         schedule=args.schedule,
         temperature=args.temperature,
         top_p=args.top_p,

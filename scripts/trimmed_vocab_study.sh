@@ -24,12 +24,15 @@ TEST=../shared/data/gsm8k/test.jsonl
 
 drafts=(--draft "base=$R/coder-0.5b" --draft "distilled=$DISTILLED")
 swept=distilled  # the k sweep covers the distilled drafts only; the base ones are measured at k = 3
+pairs=""         # each trimmed draft's paired difference over its untrimmed source (each is compared with base anyway)
 for K in "${SIZES[@]}"; do
   drafts+=(--draft "base-$((K / 1024))k=runs/trim/base-$K" --draft "distilled-$((K / 1024))k=runs/trim/distilled-$K")
   swept+=,distilled-$((K / 1024))k
+  pairs+=distilled-$((K / 1024))k:distilled,
 done
 drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
 swept+=,trained-$((TRAINED_K / 1024))k
+pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
 accept() {  # name, then distill accept options
   local name=$1; shift
@@ -53,7 +56,7 @@ for one in ${@:-sweep trim train bf16 fp32}; do
     train) distill train recipes/qwen2.5-coder-0.5b-from-1.5b-cpu.yaml --set target.name_or_path="$R/coder-1.5b" \
              --set draft.name_or_path="$R/coder-0.5b" --set data.dataset=../shared/data/gsm8k/train.jsonl \
              --set draft.vocab.size="$TRAINED_K" --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
-    bf16) accept bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --dtype bfloat16 ;;
+    bf16) accept bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
     fp32) accept fp32 --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
     *) echo "unknown step $one: choose sweep, trim, train, bf16 or fp32" >&2; exit 2 ;;
   esac

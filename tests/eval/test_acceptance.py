@@ -411,6 +411,9 @@ def test_draft_with_another_tokenizer_is_refused(setup, tmp_path, capsys):
         (("--data-file", "mmlu=/nonexistent/mmlu.jsonl"), "does not exist"),
         (("--ks", "0,2"), "--ks"),
         (("--sweep-drafts", "small,nobody"), "--sweep-drafts names 'nobody', which is no --draft"),
+        (("--compare", "small:nobody"), "--compare names 'nobody', which is no --draft"),
+        (("--compare", "small:small"), "--compare 'small:small': write DRAFT:REFERENCE with two different draft names"),
+        (("--compare", "small"), "--compare 'small': write DRAFT:REFERENCE"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(setup, tmp_path, capsys, change, message):
@@ -516,7 +519,8 @@ def test_a_trimmed_draft_keeps_greedy_identity_and_reports_its_coverage(setup, t
 
 def test_the_k_sweep_covers_the_drafts_named_and_one_added_later_reuses_every_call(setup, tmp_path):
     """--sweep-drafts measures the other drafts at the main k only; the same run without it then makes only
-    the left-out draft's sweep calls (and their target-only pairs), reusing every journalled call."""
+    the left-out draft's sweep calls (and their target-only pairs), reusing every journalled call; a
+    --compare pair added after it decodes nothing and reports that paired difference too."""
     root, files = setup
     out = tmp_path / "run"
     args = _args(root, {"gsm8k": files["gsm8k"]}, out, "--ks", "1")
@@ -540,6 +544,14 @@ def test_the_k_sweep_covers_the_drafts_named_and_one_added_later_reuses_every_ca
     assert [p["k"] for p in report["drafts"]["self"]["sweep"]] == [1, 3]
     assert len(report["runs"]) == 2 and all(run["machine_load"]["wall_s"] > 0 for run in report["runs"].values())
     assert all(r["machine_load"]["wall_s"] > 0 for r in after)  # each call carries its run's load so far
+    default = {(c["draft"], c["reference"]): c for c in report["comparisons"]}
+    assert main([*args, "--compare", "small:self"]) == 0  # a pair added to a finished run: reported, nothing decoded
+    assert records() == after
+    pairs = {(c["draft"], c["reference"]): c for c in json.loads((out / "report.json").read_text())["comparisons"]}
+    assert list(pairs) == [("self", "small"), ("small", "self")]
+    assert pairs["self", "small"] == default["self", "small"]
+    assert pairs["small", "self"]["acceptance_rate"]["value"] == pytest.approx(-default["self", "small"]["acceptance_rate"]["value"])
+    assert "| gsm8k | small − self |" in (out / "report.md").read_text()
 
 
 def test_a_stopped_runs_load_is_read_from_its_last_call_and_a_report_claims_its_busiest_run(tmp_path):
