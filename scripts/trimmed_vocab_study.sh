@@ -8,6 +8,10 @@
 #   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K (~50 min: the generations are reused)
 #   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4.5 h on 2 idle cores; resumable: run it again)
+#   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
+#                                              # 16k and 32k cuts at k = 3, 30 prompts x 128 tokens (~40 min; 8k left out: the
+#                                              # sweep gives it 16k's c with lower acceptance)
+#   BEST=32768 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~20 min)
 #
 # Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16) on an idle machine:
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
@@ -34,9 +38,13 @@ drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
 swept+=,trained-$((TRAINED_K / 1024))k
 pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
-accept() {  # name, then distill accept options
-  local name=$1; shift
-  python eval/acceptance.py --target "$R/coder-1.5b" "${drafts[@]}" --tasks gsm8k --data-file "gsm8k=$TEST" --seed 0 \
+k3_drafts=(--draft "distilled=$DISTILLED" --draft "distilled-16k=runs/trim/distilled-16384" --draft "distilled-32k=runs/trim/distilled-32768")
+BEST=${BEST:-32768}
+best_draft=(--draft "distilled-$((BEST / 1024))k=runs/trim/distilled-$BEST")
+
+accept() {  # name, the name of the array of --draft options, then distill accept options
+  local name=$1; local -n chosen=$2; shift 2
+  python eval/acceptance.py --target "$R/coder-1.5b" "${chosen[@]}" --tasks gsm8k --data-file "gsm8k=$TEST" --seed 0 \
     --num-draft-tokens 3 "$@" --output-dir "eval-output/trimmed-$name"
   idle_or_fail "eval-output/trimmed-$name/report.json"
   cp "eval-output/trimmed-$name/report.json" "docs/results/trimmed_vocab_$name.json"
@@ -56,9 +64,11 @@ for one in ${@:-sweep trim train bf16 fp32}; do
     train) distill train recipes/qwen2.5-coder-0.5b-from-1.5b-cpu.yaml --set target.name_or_path="$R/coder-1.5b" \
              --set draft.name_or_path="$R/coder-0.5b" --set data.dataset=../shared/data/gsm8k/train.jsonl \
              --set draft.vocab.size="$TRAINED_K" --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
-    bf16) accept bf16 --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
-    fp32) accept fp32 --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
-    *) echo "unknown step $one: choose sweep, trim, train, bf16 or fp32" >&2; exit 2 ;;
+    bf16) accept bf16 drafts --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
+    fp32) accept fp32 drafts --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
+    k3) accept k3 k3_drafts --num-samples 30 --max-new-tokens 128 --dtype bfloat16 ;;
+    k3-fp32) accept k3_fp32 best_draft --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
+    *) echo "unknown step $one: choose sweep, trim, train, bf16, fp32, k3 or k3-fp32" >&2; exit 2 ;;
   esac
 done
 distill docs
