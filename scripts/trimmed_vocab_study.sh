@@ -9,9 +9,9 @@
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K (~50 min: the generations are reused)
 #   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4.5 h on 2 idle cores; resumable: run it again)
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
-#                                              # 16k and 32k cuts at k = 3, 30 prompts x 128 tokens (~40 min; 8k left out: the
+#                                              # 16k and 32k cuts at k = 3, 30 prompts x 128 tokens (~45 min; 8k left out: the
 #                                              # sweep gives it 16k's c with lower acceptance)
-#   BEST=32768 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~20 min)
+#   BEST=32768 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~16 min)
 #
 # Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16) on an idle machine:
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
