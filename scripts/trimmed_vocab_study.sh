@@ -13,7 +13,7 @@
 #                                              # sweep gives it 16k's c with lower acceptance)
 #   BEST=32768 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~16 min)
 #
-# Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16) on an idle machine:
+# Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16, fp32, k3, k3-fp32) on an idle machine:
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +29,9 @@ TEST=../shared/data/gsm8k/test.jsonl
 drafts=(--draft "base=$R/coder-0.5b" --draft "distilled=$DISTILLED")
 swept=distilled  # the k sweep covers the distilled drafts only; the base ones are measured at k = 3
 pairs=""         # each trimmed draft's paired difference over its untrimmed source (each is compared with base anyway)
+trimmed() { echo "$1-$(($2 / 1024))k=runs/trim/$1-$2"; }  # the --draft value of draft $1 cut to $2 rows
 for K in "${SIZES[@]}"; do
-  drafts+=(--draft "base-$((K / 1024))k=runs/trim/base-$K" --draft "distilled-$((K / 1024))k=runs/trim/distilled-$K")
+  drafts+=(--draft "$(trimmed base "$K")" --draft "$(trimmed distilled "$K")")
   swept+=,distilled-$((K / 1024))k
   pairs+=distilled-$((K / 1024))k:distilled,
 done
@@ -38,9 +39,9 @@ drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
 swept+=,trained-$((TRAINED_K / 1024))k
 pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
-k3_drafts=(--draft "distilled=$DISTILLED" --draft "distilled-16k=runs/trim/distilled-16384" --draft "distilled-32k=runs/trim/distilled-32768")
+k3_drafts=(--draft "distilled=$DISTILLED" --draft "$(trimmed distilled 16384)" --draft "$(trimmed distilled 32768)")
 BEST=${BEST:-32768}
-best_draft=(--draft "distilled-$((BEST / 1024))k=runs/trim/distilled-$BEST")
+best_draft=(--draft "$(trimmed distilled "$BEST")")
 
 accept() {  # name, the name of the array of --draft options, then distill accept options
   local name=$1; local -n chosen=$2; shift 2
