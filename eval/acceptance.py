@@ -109,6 +109,10 @@ class Settings:
             return self.num_samples.get(task) or get_task(task).default_num_samples
         return self.num_samples or get_task(task).default_num_samples
 
+    def new_tokens(self, label: str) -> int:
+        """The generation length of a report row: --max-new-tokens, else its task's own."""
+        return self.max_new_tokens or get_task(task_of(label)).max_new_tokens
+
     def variants(self) -> list[tuple[str, str, str]]:
         """(label, task, template) of each task under each template it is asked with, in task order: a task
         without --template is labelled by its name and asked its own prompt; under templates, `task@variant`."""
@@ -485,7 +489,7 @@ def _load(
                 _plain_generation_config(model, eos, pad)
     ks_all = sorted(set(settings.ks) | {settings.num_draft_tokens})
     context = min([_context(target)] + [_context(m) for m in drafts.values()])
-    max_new = {name: settings.max_new_tokens or get_task(task_of(name)).max_new_tokens for name in settings.labels}
+    max_new = {name: settings.new_tokens(name) for name in settings.labels}
     _check_context(encoded, examples, max_new, max(ks_all), context)
     decoders = {
         (d, k): SpeculativeDecoder(target, model, num_draft_tokens=k, schedule=settings.schedule, tokenizer=tokenizer, draft_tokenizer=tokenizer)
@@ -496,10 +500,12 @@ def _load(
     return Loaded(target, drafts, decoders, decoding, encoded, context, dropped)
 
 
-def prompt_stamp(examples: Sequence[TaskExample]) -> str:
-    """A hash of a batch's prompts (their chat messages): part of each call's key, so a call is reused
-    only for the very prompts it answered, whatever count, template or shot file asked them."""
-    return hashlib.sha256(json.dumps([ex.messages for ex in examples], sort_keys=True).encode()).hexdigest()[:12]
+def prompt_stamp(examples: Sequence[TaskExample], max_new_tokens: int) -> str:
+    """A hash of what a batch asked: its prompts (their chat messages) and how many tokens an answer may
+    take. Part of each call's key, so a call is reused only for the very prompts it answered at that
+    length (a task's own length may change), whatever count, template or shot file asked them."""
+    asked = [[ex.messages for ex in examples], max_new_tokens]
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[list[Call]]:
@@ -516,7 +522,7 @@ def plan(settings: Settings, examples: dict[str, list[TaskExample]]) -> list[lis
             in_sweep = settings.sweep_samples is None or idx[0] < settings.sweep_samples
             jobs = [(TARGET, None)] + [(d.name, k) for d in settings.drafts for k in [k0] + (sweep_ks if in_sweep and settings.swept(d.name) else [])]
             jobs += [(ALONE + d.name, None) for d in settings.drafts] if settings.draft_alone else []
-            asked = prompt_stamp([examples[name][i] for i in idx])
+            asked = prompt_stamp([examples[name][i] for i in idx], settings.new_tokens(name))
             batches.append(
                 [
                     Call(
@@ -756,7 +762,7 @@ def build_report(
             **{k: v for k, v in asdict(settings).items() if k not in ("drafts", "target")},
             "drafts": {d.name: d.path for d in settings.drafts},
             "mode": "sampling" if settings.do_sample else "greedy",
-            "max_new_tokens_per_task": {name: settings.max_new_tokens or get_task(task_of(name)).max_new_tokens for name in settings.labels},
+            "max_new_tokens_per_task": {name: settings.new_tokens(name) for name in settings.labels},
             "templates_per_task": {label: template for label, _, template in settings.variants()},
             "alpha_estimator": "maximum likelihood of i.i.d. per-token acceptance (fit_alpha)",
             "interval": "95% percentile bootstrap over prompts (calls), paired for differences",

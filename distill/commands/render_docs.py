@@ -25,6 +25,7 @@ from distill.common.docs import markdown_table, render_benchmark
 from distill.common.io import atomic_write
 from distill.eval.intervals import format_interval
 from distill.eval.report import decomposition_table, sweep_tables, vocab_table
+from distill.eval.tasks import get_task
 
 DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
 RESULTS = "docs/results"
@@ -37,8 +38,9 @@ def _prompts(report: dict[str, Any], task: str) -> str:
     st = report["settings"]
     source = (st.get("data_files") or {}).get(task.partition("@")[0], "the Hub split")  # a label `gsm8k@boxed` reads gsm8k's file
     n = report["target_only"][task]["num_prompts"]
+    drawn = get_task(task.partition("@")[0]).drawn.format(n=n, seed=st["seed"])
     return (
-        f"{n} {task} prompts from `{Path(source).name if source != 'the Hub split' else source}`, the first {n} of a shuffle seeded {st['seed']} "
+        f"{n} {task} prompts from `{Path(source).name if source != 'the Hub split' else source}`, {drawn} "
         f"(a smaller run of the same seed takes a prefix of these), ≤ {st['max_new_tokens_per_task'][task]} new tokens"
     )
 

@@ -41,6 +41,7 @@ class Task:
     max_new_tokens: int
     load: Callable[..., list[TaskExample]]
     scores: Callable[[str, TaskExample], dict[str, float]]
+    drawn: str = "the first {n} of a shuffle seeded {seed}"  # how `load` draws n prompts, as reports describe it
 
     def score(self, prediction: str, example: TaskExample) -> float:
         """The primary metric of `prediction` for `example`."""

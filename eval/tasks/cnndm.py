@@ -95,4 +95,5 @@ TASK = Task(
     max_new_tokens=MAX_NEW_TOKENS,
     load=load,
     scores=scores,
+    drawn=f"the first {{n}} of a shuffle seeded {{seed}} of the evaluation rows {EVAL_ROWS.start}-{EVAL_ROWS.stop - 1} (distill.common.splits)",
 )

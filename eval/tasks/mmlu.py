@@ -22,23 +22,29 @@ HUB_ID = "cais/mmlu"
 HUB_CONFIG = "all"
 COLUMNS = ["question", "subject", "choices", "answer"]
 DEFAULT_NUM_SAMPLES = 500
-MAX_NEW_TOKENS = 16
+# 0-shot, a chat model often reasons before it names the letter: Qwen2.5-Coder-1.5B-Instruct did on half of
+# its MMLU prompts (median ~140 tokens, some past 256), and 16 tokens cut every such answer off before the
+# letter. A letter-only answer (5-shot, or a "letter only" template) stops at its end-of-turn token.
+MAX_NEW_TOKENS = 256
 METRIC_NAME = "accuracy"
 LETTERS = "ABCD"
 
 HEADER = MMLU.split("\n\n", 1)[0]  # the task's own prompt (distill.common.prompts.MMLU) before the question
 
-# "The answer is (B)", "Answer: B", "answer is B." ...
-_EXPLICIT = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*)?:?\s*\(?([A-D])\b")
+# The letter as reasoning answers write it: "(B)", "**B**", "\\(\\boxed{B}\\)", "B."
+_LETTER = r"(?:\\\(|\\boxed\{|\*\*|\()*\s*([A-D])\b"
+# "The answer is (B)", "Answer: B", "the correct answer is:\nB.", "answer is \\(\\boxed{B}\\)" ...
+_EXPLICIT = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*)?:?\s*" + _LETTER)
+_BOXED = re.compile(r"\\boxed\{\s*\(?([A-D])\b")
 # The output opens with the letter: "B", "B.", "(B)", "B) Paris".
 _LEADING = re.compile(r"\A\s*\(?([A-D])(?:[.:)\s]|$)")
 _STANDALONE = re.compile(r"\b([A-D])\b")
 
 
 def extract_letter(text: str) -> str | None:
-    """The option letter a model answered: explicit "answer is X", a leading letter, else the
-    first standalone A-D; None when there is none."""
-    for pattern in (_EXPLICIT, _LEADING, _STANDALONE):
+    """The option letter a model answered: explicit "answer is X", a boxed letter, a leading letter,
+    else the first standalone A-D; None when there is none."""
+    for pattern in (_EXPLICIT, _BOXED, _LEADING, _STANDALONE):
         match = pattern.search(text)
         if match:
             return match.group(1)
@@ -213,4 +219,5 @@ TASK = Task(
     max_new_tokens=MAX_NEW_TOKENS,
     load=load,
     scores=scores,
+    drawn="the first {n} of an order stratified by subject, seeded {seed}",
 )

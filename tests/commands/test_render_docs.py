@@ -80,6 +80,23 @@ def test_a_section_is_rendered_from_its_report_and_a_hand_edit_fails_the_check(t
     assert "section(s) real differ from their reports" in capsys.readouterr().err
 
 
+def test_each_tasks_prompts_are_described_as_its_loader_draws_them(tmp_path):
+    labels = {"gsm8k@boxed": 256, "mmlu@exam": 256, "cnndm": 128}
+    report = {
+        **REPORT,
+        "settings": {**REPORT["settings"], "max_new_tokens_per_task": labels},
+        "target_only": {label: REPORT["target_only"]["gsm8k"] for label in labels},
+        "drafts": {name: {"tasks": {label: _row(0.8) for label in labels}} for name in ("base", "distilled")},
+        "comparisons": [],
+    }
+    doc = _docs(tmp_path, report)
+    assert main(["--root", str(tmp_path)]) == 0
+    text = doc.read_text()
+    assert "30 gsm8k@boxed prompts from `test.jsonl`, the first 30 of a shuffle seeded 0 (" in text
+    assert "30 mmlu@exam prompts from `the Hub split`, the first 30 of an order stratified by subject, seeded 0 (" in text
+    assert "30 cnndm prompts from `the Hub split`, the first 30 of a shuffle seeded 0 of the evaluation rows 0-199 (distill.common.splits) (" in text
+
+
 def test_a_report_of_another_schema_or_a_missing_report_is_named(tmp_path, capsys):
     _docs(tmp_path, {**REPORT, "schema_version": 1})
     assert main(["--root", str(tmp_path)]) == 2

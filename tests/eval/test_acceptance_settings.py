@@ -3,6 +3,7 @@ labels, the journal's fingerprint and call keys, and data-file errors as one lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from distill.eval.acceptance import (
     parse_templates,
     plan,
 )
+from distill.eval.tasks import TASKS as REGISTRY
 
 TASKS = ["gsm8k", "mmlu", "cnndm"]
 
@@ -99,6 +101,18 @@ def test_calls_are_keyed_by_their_prompts_so_counts_and_templates_reuse_them(fil
     # Nested samples: the first prompts' calls are kept, gsm8k's under its new label gsm8k@default too.
     assert {again[k].task for k in reused} == {"gsm8k@default", "mmlu", "cnndm"} and len(reused) == len(keys) == 2 * (4 + 4 + 2)
     assert {again[k].task for k in again} == {"gsm8k@default", "gsm8k@boxed", "mmlu", "cnndm"} and len(again) == 2 * (8 + 8 + 6 + 4)
+
+
+def test_a_tasks_own_generation_length_is_part_of_its_calls_keys(files, tmp_path, monkeypatch):
+    """A task whose own length changes (MMLU's went from 16 to 256 tokens) asks its prompts afresh; the
+    other tasks' calls are reused. The length is not in the settings when it is the task's own."""
+    (tmp_path / "draft").mkdir()
+    settings = Settings("t", [DraftSource("kd", str(tmp_path / "draft"))], TASKS, data_files=files, num_samples=2)
+    before = {c.key: c.task for calls in plan(settings, load_examples(settings)) for c in calls}
+    monkeypatch.setitem(REGISTRY, "mmlu", dataclasses.replace(REGISTRY["mmlu"], max_new_tokens=8))
+    after = {c.key: c.task for calls in plan(settings, load_examples(settings)) for c in calls}
+    assert sorted(before[k] for k in set(before) - set(after)) == ["mmlu"] * 4  # target and draft, 2 prompts
+    assert sorted(after[k] for k in set(after) - set(before)) == ["mmlu"] * 4
 
 
 def test_a_bad_data_file_is_one_line_naming_file_and_line_and_exit_2(files, tmp_path, capsys):

@@ -192,6 +192,11 @@ def test_parquet_and_json_files_load_like_jsonl(tmp_path):
         ("The answer is (B).", "B"),
         ("the correct answer is C.", "C"),
         ("Answer: D", "D"),
+        ("A force acts, so v grows. The correct answer is \\(\\boxed{C}\\).", "C"),
+        ("A is wrong and B too.\n\nBased on the analysis, the correct answer is:\n\n\\boxed{D}", "D"),
+        ("A is tempting, but the correct answer is:\nB. Wrong, Wrong", "B"),
+        ("A first look misleads. **Answer: C**", "C"),
+        ("A fair reading points to \\boxed{B}.", "B"),
         ("B", "B"),
         ("B.", "B"),
         (" (A) mitochondria", "A"),
@@ -307,7 +312,7 @@ def test_registry_holds_the_three_tasks_with_their_defaults():
     tasks = [get_task(name) for name in ("gsm8k", "mmlu", "cnndm")]
     assert [(t.metric_name, t.default_num_samples, t.max_new_tokens) for t in tasks] == [
         ("exact_match", 300, 256),
-        ("accuracy", 500, 16),
+        ("accuracy", 500, 256),
         ("rougeL", 200, 128),
     ]
     assert get_task("mmlu").score("(B)", example("B")) == 1.0

@@ -158,6 +158,24 @@ def test_lora_run_merges_into_a_model_with_the_same_logits(tiny_dir):
     assert (Path(unmerged.output_dir) / "draft" / "adapter_config.json").exists()
 
 
+def test_activation_checkpointing_trains_the_same_lora_draft(tiny_dir):
+    """The CPU recipes recompute activations to fit in memory (peak 16 -> 7 GB on the mix recipe); the
+    trained adapter must be the one a run that keeps them gets, LoRA dropout included."""
+    draft = {"name_or_path": str(tiny_dir / "draft"), "dtype": "float32", "lora": {"r": 4, "alpha": 8, "dropout": 0.1}}
+    weights = {}
+    for name, checkpointing in (("kept", False), ("recomputed", True)):
+        recipe = load_recipe(
+            tiny_dir.recipe(f"lora-{name}", draft=draft, training={"max_steps": 3, "gradient_checkpointing": checkpointing}, data={"eval_split": None})
+        )
+        trainer = build_trainer(recipe)
+        trainer.train()
+        assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules()) is checkpointing
+        weights[name] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert weights["kept"].keys() == weights["recomputed"].keys() and weights["kept"]
+    for n, value in weights["kept"].items():
+        torch.testing.assert_close(weights["recomputed"][n], value, atol=1e-6, rtol=1e-5, msg=n)
+
+
 def test_draft_with_another_tokenizer_is_refused(tiny_dir, examples):
     other = build_tokenizer([e["response"][::-1] for e in examples], vocab_size=300)
     model = tiny_qwen2(len(other) + 8, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, tokenizer=other)
