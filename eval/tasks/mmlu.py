@@ -22,9 +22,9 @@ HUB_ID = "cais/mmlu"
 HUB_CONFIG = "all"
 COLUMNS = ["question", "subject", "choices", "answer"]
 DEFAULT_NUM_SAMPLES = 500
-# 0-shot, a chat model often reasons before it names the letter: Qwen2.5-Coder-1.5B-Instruct did on half of
-# its MMLU prompts (median ~140 tokens, some past 256), and 16 tokens cut every such answer off before the
-# letter. A letter-only answer (5-shot, or a "letter only" template) stops at its end-of-turn token.
+# 0-shot, a chat model often reasons before it names the letter: under this task's own prompt, Qwen2.5-Coder-
+# 1.5B-Instruct's answers to 32 validation questions averaged 139 tokens (13 cut at 256), and 16 tokens cut
+# every such answer off before its letter. A letter-only answer (5-shot, "letter only") stops at end of turn.
 MAX_NEW_TOKENS = 256
 METRIC_NAME = "accuracy"
 LETTERS = "ABCD"
