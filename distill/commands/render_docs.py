@@ -36,9 +36,10 @@ READS = (2,)  # acceptance report schemas this renderer reads
 def _prompts(report: dict[str, Any], task: str) -> str:
     """How the task's prompts were drawn: count, file, seed, nesting, length."""
     st = report["settings"]
-    source = (st.get("data_files") or {}).get(task.partition("@")[0], "the Hub split")  # a label `gsm8k@boxed` reads gsm8k's file
+    name = task.partition("@")[0]  # a label `gsm8k@boxed` is gsm8k's prompts under another template
+    source = (st.get("data_files") or {}).get(name, "the Hub split")
     n = report["target_only"][task]["num_prompts"]
-    drawn = get_task(task.partition("@")[0]).drawn.format(n=n, seed=st["seed"])
+    drawn = get_task(name).drawn.format(n=n, seed=st["seed"])
     return (
         f"{n} {task} prompts from `{Path(source).name if source != 'the Hub split' else source}`, {drawn} "
         f"(a smaller run of the same seed takes a prefix of these), ≤ {st['max_new_tokens_per_task'][task]} new tokens"
