@@ -732,8 +732,8 @@ def build_report(
     for name in settings.labels:
         recs = [journal.latest(c.key) for c in of(name, TARGET, None)]
         base_tokens[name] = outputs(recs)
-        q = quality(get_task(task_of(name)), texts(name, recs), examples[name])
-        target_only[name] = {**q, "per_example_quality": q.pop("per_example"), **timing(recs), "num_prompts": len(examples[name])}
+        q = quality(get_task(task_of(name)), texts(name, recs), examples[name], seed=settings.seed)
+        target_only[name] = {**q, **timing(recs), "num_prompts": len(examples[name])}
 
     drafts, used_runs, per_task = {}, set(), {}
     for d in settings.drafts:
@@ -743,7 +743,18 @@ def build_report(
             records, pairs, runs = timed_pairs(journal, of(name, d.name, k0), target_keys)
             per_task[(d.name, name)] = (records, pairs if len(pairs) == len(records) else [])
             used_runs.update(runs)
-            row = task_row(task, examples[name], records, pairs, base_tokens[name], texts(name, records), not settings.do_sample, k0, settings.seed)
+            row = task_row(
+                task,
+                examples[name],
+                records,
+                pairs,
+                base_tokens[name],
+                target_only[name]["per_example_quality"],
+                texts(name, records),
+                not settings.do_sample,
+                k0,
+                settings.seed,
+            )
             tasks[name] = {**row, "runs": runs, "target_quality": target_only[name]["quality"]}
             if settings.draft_alone:
                 alone = [journal.latest(c.key) for c in of(name, ALONE + d.name, None)]

@@ -72,16 +72,31 @@ def acceptance(records: list[dict]) -> dict[str, Any]:
     }
 
 
-def quality(task: Task, texts: list[str], examples: list[TaskExample]) -> dict[str, Any]:
-    """The task's metrics averaged over its examples; `quality` is the primary one."""
+def quality(task: Task, texts: list[str], examples: list[TaskExample], seed: int = 0) -> dict[str, Any]:
+    """The task's metrics averaged over its examples; `quality` is the primary one, with its 95%
+    interval over the prompts (`intervals.quality`)."""
     per_example = [task.scores(text, ex) for text, ex in zip(texts, examples)]
     metrics = {name: statistics.fmean(s[name] for s in per_example) for name in per_example[0]}
+    scores = [s[task.metric_name] for s in per_example]
     return {
         "quality": metrics[task.metric_name],
         "quality_metric": task.metric_name,
         "metrics": metrics,
-        "per_example": [s[task.metric_name] for s in per_example],
+        "per_example_quality": scores,
+        "intervals": {"quality": bootstrap({"score": scores, "one": [1.0] * len(scores)}, ratio("score", "one"), seed=seed).to_dict()},
     }
+
+
+def quality_difference(target: Sequence[float], system: Sequence[float], seed: int = 0) -> dict[str, Any]:
+    """A system's quality minus target-only quality on the same prompts (per-prompt scores in the same
+    order), with the paired bootstrap's interval: what speculative decoding did to the task's answers."""
+    cols = {"system": system, "target": target, "one": [1.0] * len(target)}
+    return _with_verdict(bootstrap(cols, difference(ratio("system", "one"), ratio("target", "one")), seed=seed))
+
+
+def _with_verdict(iv: Interval) -> dict[str, Any]:
+    """A difference's interval record and whether it excludes 0 (a change outside noise)."""
+    return {**iv.to_dict(), "outside_noise": iv.excludes(0.0)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,11 +171,7 @@ def paired_difference(
         cols |= {**speed_columns(pa, "a_"), **speed_columns(pb, "b_")}
         figures["end_to_end_speedup"] = difference(_end_to_end("b_"), _end_to_end("a_"))
         figures["decode_speedup"] = difference(_decode("b_"), _decode("a_"))
-    out = {}
-    for name, figure in figures.items():
-        iv = bootstrap(cols, figure, seed=seed)
-        out[name] = {**iv.to_dict(), "outside_noise": iv.excludes(0.0)}
-    return out
+    return {name: _with_verdict(bootstrap(cols, figure, seed=seed)) for name, figure in figures.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,18 +277,20 @@ def task_row(
     records: list[dict],
     pairs: list[tuple[dict, dict]],
     base_tokens: dict[int, list[int]],
+    target_quality: Sequence[float],
     texts: list[str],
     greedy: bool,
     k: int,
     seed: int,
 ) -> dict[str, Any]:
-    """One draft's figures on one task: quality, identity, acceptance, timing, both speedups, intervals."""
+    """One draft's figures on one task: quality and its paired difference from target-only's per-prompt
+    `target_quality`, identity, acceptance, timing, both speedups, intervals."""
     tokens = outputs(records)
     n = len(examples)
     same = [tokens[i] == base_tokens[i] for i in range(n)]
     spec_timing = timing(records)
     paired_t, paired_s = timing([t for t, _ in pairs]), timing([s for _, s in pairs])
-    q = quality(task, texts, examples)
+    q = quality(task, texts, examples, seed=seed)
     acc = acceptance(records)
     return {
         **acc,
@@ -289,11 +302,12 @@ def task_row(
         "quality": q["quality"],
         "quality_metric": q["quality_metric"],
         "metrics": q["metrics"],
-        "per_example_quality": q["per_example"],
+        "per_example_quality": q["per_example_quality"],
+        "quality_vs_target": quality_difference(target_quality, q["per_example_quality"], seed=seed),
         "greedy_identity": sum(same) / n if greedy else None,
         "identical_outputs": sum(same),
         "differing_examples": [examples[i].id for i in range(n) if not same[i]],
         "num_prompts": n,
-        "intervals": intervals(records, pairs if len(pairs) == len(records) else [], seed=seed),
+        "intervals": {**intervals(records, pairs if len(pairs) == len(records) else [], seed=seed), **q["intervals"]},
         "decomposition": decomposition(pairs, k, acc["alpha"]),
     }

@@ -95,12 +95,17 @@ def _f(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
-def _iv(row: dict[str, Any], name: str, fmt: str, suffix: str = "") -> str:
+def with_interval(row: dict[str, Any], name: str, fmt: str, suffix: str = "") -> str:
     """A figure with its 95% interval, "0.870 [0.850, 0.889]", from a row's `intervals` (schema 2), else the figure alone."""
     iv = (row.get("intervals") or {}).get(name)
     if isinstance(iv, dict):
         return format_interval(iv, fmt, suffix)
     return _f(row.get(name), fmt) + (suffix if row.get(name) is not None else "")
+
+
+def difference_text(figure: dict[str, Any] | None) -> str:
+    """A paired difference, "+0.030 [+0.015, +0.047]*" (* = its interval excludes 0); – when absent."""
+    return format_interval(figure, "+.3f") + ("*" if (figure or {}).get("outside_noise") else "")
 
 
 def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list[str]:
@@ -110,10 +115,10 @@ def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list
         "",
         f"## {task} ({base['num_prompts']} prompts, {base['quality_metric']}, max {st['max_new_tokens_per_task'][task]} new tokens)",
         "",
-        "| system | quality | greedy identity | acceptance | per position | tokens / target forward "
+        "| system | quality | quality − target only | greedy identity | acceptance | per position | tokens / target forward "
         "| TTFT ms | TPOT ms | tokens/s | end-to-end speedup | decode speedup | predicted decode | draft alone |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| target only | {base['quality']:.3f} | – | – | – | 1.00 | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target only | {with_interval(base, 'quality', '.3f')} | – | – | – | – | 1.00 | {base['ttft_s'] * 1e3:.1f} | {base['tpot_s'] * 1e3:.2f} "
         f"| {base['tokens_per_s']:.1f} | 1.00× | 1.00× | – | – |",
     ]
     for name, entry in report["drafts"].items():
@@ -121,15 +126,15 @@ def _task_table(report: dict[str, Any], task: str, base: dict[str, Any]) -> list
         per_position = " / ".join(format(p, ".2f") for p in r["per_position_acceptance"])
         predicted = (r.get("decomposition") or {}).get("predicted_decode_speedup")
         lines.append(
-            f"| {name} | {r['quality']:.3f} | {_f(r['greedy_identity'], '.1%')} | {_iv(r, 'acceptance_rate', '.3f')} | {per_position} "
-            f"| {_iv(r, 'tokens_per_target_forward', '.2f')} | {r['ttft_s'] * 1e3:.1f} | {r['tpot_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} "
-            f"| {_iv(r, 'end_to_end_speedup', '.2f', '×')} | {_iv(r, 'decode_speedup', '.2f', '×')} | {_f(predicted, '.2f')}× "
+            f"| {name} | {with_interval(r, 'quality', '.3f')} | {difference_text(r.get('quality_vs_target'))} | {_f(r['greedy_identity'], '.1%')} | {with_interval(r, 'acceptance_rate', '.3f')} | {per_position} "
+            f"| {with_interval(r, 'tokens_per_target_forward', '.2f')} | {r['ttft_s'] * 1e3:.1f} | {r['tpot_s'] * 1e3:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {with_interval(r, 'end_to_end_speedup', '.2f', '×')} | {with_interval(r, 'decode_speedup', '.2f', '×')} | {_f(predicted, '.2f')}× "
             f"| {_f(r.get('draft_alone_quality'), '.3f')} |"
         )
         for m in r.get("mismatches") or []:
             lines.append(
                 f"|  ↳ {m['example']} differs | at token {m['position']}: target {m['target_token']}, speculative "
-                f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} |||||||||||"
+                f"{m['speculative_token']}, target's top-2 logit margin {m['target_top2_margin']:.3g} ||||||||||||"
             )
     return lines
 
@@ -192,7 +197,7 @@ def _comparison_table(report: dict[str, Any]) -> list[str]:
         "|---|---|---:|---:|---:|---:|",
     ]
     for c in rows:
-        cells = [f"{c[n]['value']:+.3f} [{c[n]['low']:+.3f}, {c[n]['high']:+.3f}]{'*' if c[n]['outside_noise'] else ''}" if n in c else "–" for n in FIGURES]
+        cells = [difference_text(c.get(n)) for n in FIGURES]
         lines.append(f"| {c['task']} | {c['draft']} − {c['reference']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -264,9 +269,9 @@ def sweep_tables(report: dict[str, Any], heading: str = "##") -> list[str]:
             predicted = (p.get("decomposition") or {}).get("predicted_decode_speedup")
             error = f"{(predicted / p['decode_speedup'] - 1) * 100:+.1f}%" if predicted and p.get("decode_speedup") else "–"
             lines.append(
-                f"| {p['k']} | {p['num_prompts']} | {_iv(p, 'decode_speedup', '.2f', '×')} | {_iv(p, 'end_to_end_speedup', '.2f', '×')} "
+                f"| {p['k']} | {p['num_prompts']} | {with_interval(p, 'decode_speedup', '.2f', '×')} | {with_interval(p, 'end_to_end_speedup', '.2f', '×')} "
                 f"| {_f(predicted, '.2f')}× | {error} | {_f(p.get('predicted_speedup_own_alpha'), '.2f')}× "
-                f"| {p['alpha']:.3f} | {_iv(p, 'acceptance_rate', '.3f')} | {p['tokens_per_target_forward']:.2f} |"
+                f"| {p['alpha']:.3f} | {with_interval(p, 'acceptance_rate', '.3f')} | {p['tokens_per_target_forward']:.2f} |"
             )
         lines.append("")
     return lines

@@ -24,7 +24,7 @@ from typing import Any
 from distill.common.docs import markdown_table, render_benchmark
 from distill.common.io import atomic_write
 from distill.eval.intervals import format_interval
-from distill.eval.report import decomposition_table, sweep_tables, vocab_table
+from distill.eval.report import decomposition_table, difference_text, sweep_tables, vocab_table, with_interval
 from distill.eval.tasks import get_task
 
 DOCUMENTS = ("docs/benchmarks.md", "README.md")  # under the repository root (`--root`)
@@ -47,7 +47,8 @@ def _prompts(report: dict[str, Any], task: str) -> str:
 
 
 def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
-    """One row per draft: acceptance, per position, tokens per forward, both speedups with intervals, the prediction, identity."""
+    """One row per draft: quality and its paired difference from target-only, acceptance, per position,
+    tokens per forward, both speedups with intervals, the prediction, identity."""
     rows = []
     for name, entry in report["drafts"].items():
         r = entry["tasks"][task]
@@ -56,6 +57,8 @@ def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
         rows.append(
             [
                 name,
+                with_interval(r, "quality", ".3f"),
+                difference_text(r.get("quality_vs_target")),
                 format_interval(iv.get("acceptance_rate"), ".3f"),
                 " / ".join(format_interval(p, ".2f") for p in iv.get("per_position_acceptance", [])),
                 format_interval(iv.get("tokens_per_target_forward"), ".2f"),
@@ -89,11 +92,13 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
         base = report["target_only"][task]
         lines += [
             "",
-            f"{_prompts(report, task)}; target-only TPOT {base['tpot_s'] * 1e3:.1f} ms, {base['quality_metric']} {base['quality']:.3f}.",
+            f"{_prompts(report, task)}; target-only TPOT {base['tpot_s'] * 1e3:.1f} ms, {base['quality_metric']} {with_interval(base, 'quality', '.3f')}.",
             "",
             markdown_table(
                 [
                     "draft",
+                    base["quality_metric"],
+                    f"{base['quality_metric']} − target only",
                     "acceptance",
                     "per position",
                     "tokens / target forward",
@@ -113,10 +118,7 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
                 ["task", "difference", "acceptance", "tokens / target forward", "decode speedup"],
                 [
                     [c["task"], f"{c['draft']} − {c['reference']}"]
-                    + [
-                        format_interval(c.get(f), "+.3f") + ("*" if (c.get(f) or {}).get("outside_noise") else "")
-                        for f in ("acceptance_rate", "tokens_per_target_forward", "decode_speedup")
-                    ]
+                    + [difference_text(c.get(f)) for f in ("acceptance_rate", "tokens_per_target_forward", "decode_speedup")]
                     for c in comparisons
                 ],
             )

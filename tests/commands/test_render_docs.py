@@ -20,7 +20,10 @@ def _row(acc: float) -> dict:
         "num_prompts": 30,
         "identical_outputs": 30,
         "greedy_identity": 1.0,
+        "quality": 0.6,
+        "quality_vs_target": {**_iv(0.033, -0.033, 0.1), "outside_noise": False},
         "intervals": {
+            "quality": _iv(0.6, 0.433, 0.767),
             "acceptance_rate": _iv(acc, acc - 0.02, acc + 0.02),
             "per_position_acceptance": [_iv(0.9, 0.88, 0.92), _iv(0.8, 0.77, 0.83)],
             "tokens_per_target_forward": _iv(2.6, 2.5, 2.7),
@@ -42,7 +45,9 @@ REPORT = {
         "data_files": {"gsm8k": "/data/gsm8k/test.jsonl"},
         "max_new_tokens_per_task": {"gsm8k": 256},
     },
-    "target_only": {"gsm8k": {"num_prompts": 30, "tpot_s": 0.175, "quality": 0.567, "quality_metric": "exact_match"}},
+    "target_only": {
+        "gsm8k": {"num_prompts": 30, "tpot_s": 0.175, "quality": 0.567, "quality_metric": "exact_match", "intervals": {"quality": _iv(0.567, 0.4, 0.733)}}
+    },
     "drafts": {"base": {"tasks": {"gsm8k": _row(0.83)}}, "distilled": {"tasks": {"gsm8k": _row(0.87)}}},
     "comparisons": [
         {
@@ -70,7 +75,12 @@ def test_a_section_is_rendered_from_its_report_and_a_hand_edit_fails_the_check(t
     assert main(["--check", "--root", str(tmp_path)]) == 1  # not rendered yet
     assert main(["--root", str(tmp_path)]) == 0
     text = doc.read_text()
-    assert "| distilled | 0.870 [0.850, 0.890] | 0.90 [0.88, 0.92] / 0.80 [0.77, 0.83] | 2.60 [2.50, 2.70] | 1.70× [1.60, 1.80] | 1.72× |" in text
+    assert (
+        "| distilled | 0.600 [0.433, 0.767] | +0.033 [-0.033, +0.100] | 0.870 [0.850, 0.890] | 0.90 [0.88, 0.92] / 0.80 [0.77, 0.83] | 2.60 [2.50, 2.70] "
+        "| 1.70× [1.60, 1.80] | 1.72× |" in text
+    )
+    assert "| draft | exact_match | exact_match − target only | acceptance |" in text
+    assert "target-only TPOT 175.0 ms, exact_match 0.567 [0.400, 0.733]." in text
     assert "30 gsm8k prompts from `test.jsonl`, the first 30 of a shuffle seeded 0" in text
     assert "| gsm8k | distilled − base | +0.040 [+0.020, +0.060]* |" in text
     assert main(["--check", "--root", str(tmp_path)]) == 0

@@ -168,7 +168,13 @@ def test_greedy_speculative_output_is_the_target_output(greedy_run):
             assert row["metrics"] == report["target_only"][task]["metrics"]
             assert row["quality_metric"] == {"gsm8k": "exact_match", "mmlu": "accuracy", "cnndm": "rougeL"}[task]
             assert row["mismatches"] == []
+            # identical answers: quality's interval is target-only's, their paired difference exactly 0
+            assert row["intervals"]["quality"] == report["target_only"][task]["intervals"]["quality"]
+            assert row["quality_vs_target"]["value"] == row["quality_vs_target"]["low"] == row["quality_vs_target"]["high"] == 0.0
     assert report["target_only"]["cnndm"]["quality"] >= 0.5  # the target's own summary scores ROUGE-L 1
+    for base in report["target_only"].values():
+        iv = base["intervals"]["quality"]
+        assert iv["low"] <= iv["value"] <= iv["high"] and iv["value"] == pytest.approx(base["quality"]) and iv["prompts"] == base["num_prompts"]
 
 
 def test_each_draft_alone_is_scored_on_the_task(greedy_run):

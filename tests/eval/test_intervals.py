@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from distill.eval.figures import quality_difference
 from distill.eval.intervals import bootstrap, difference, ratio, ratio_of_ratios
 
 
@@ -48,3 +49,15 @@ def test_the_decode_speedup_is_a_ratio_of_pooled_times_per_token():
 def test_an_interval_prints_as_value_and_bounds():
     iv = bootstrap({"a": [1, 3], "b": [2, 4]}, ratio("a", "b"), resamples=20000)
     assert f"{iv:.2f}" == "0.67 [0.50, 0.75]"
+
+
+def test_a_quality_difference_is_paired_over_prompts_worked_out_by_hand():
+    """Four prompts, the speculative answer wrong where target-only's was right on one: −1/4. A resample
+    holds that prompt j times, j ~ Binomial(4, 1/4): none with probability 0.32 (difference 0), three or
+    four with 0.051 (−3/4 or −1), four with 0.004, so the 2.5% and 97.5% percentiles are −3/4 and 0."""
+    diff = quality_difference([1, 0, 1, 1], [1, 0, 1, 0])
+    assert diff["value"] == pytest.approx(-0.25) and not diff["outside_noise"]
+    assert (diff["low"], diff["high"]) == (pytest.approx(-0.75), pytest.approx(0.0))
+    same = quality_difference([1, 0, 1, 1], [1, 0, 1, 1])
+    assert same["value"] == same["low"] == same["high"] == 0.0 and not same["outside_noise"]
+    assert quality_difference([0] * 6, [1] * 6)["outside_noise"]
