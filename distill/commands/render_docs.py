@@ -71,6 +71,15 @@ def _task_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
     return rows
 
 
+def _timing_rows(report: dict[str, Any], task: str) -> list[list[Any]]:
+    """Target-only, then each draft: TTFT, TPOT, throughput and seconds per prompt (what sizes a run's counts)."""
+    systems = [("target only", report["target_only"][task])] + [(name, entry["tasks"][task]) for name, entry in report["drafts"].items()]
+    return [
+        [name, f"{r['ttft_s'] * 1e3:.1f}", f"{r['tpot_s'] * 1e3:.1f}", f"{r['tokens_per_s']:.2f}", f"{r['wall_s'] / r['num_prompts']:.1f}"]
+        for name, r in systems
+    ]
+
+
 def _check_schema(name: str, report: dict[str, Any]) -> None:
     """Refuse an acceptance report of a schema this renderer does not read, naming the one it needs."""
     version = report.get("schema_version", 1)
@@ -92,7 +101,7 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
         base = report["target_only"][task]
         lines += [
             "",
-            f"{_prompts(report, task)}; target-only TPOT {base['tpot_s'] * 1e3:.1f} ms, {base['quality_metric']} {with_interval(base, 'quality', '.3f')}.",
+            f"{_prompts(report, task)}; target-only {base['quality_metric']} {with_interval(base, 'quality', '.3f')}.",
             "",
             markdown_table(
                 [
@@ -110,6 +119,7 @@ def render_acceptance(name: str, report: dict[str, Any]) -> str:
                 _task_rows(report, task),
             ),
         ]
+        lines += ["", markdown_table(["system", "TTFT ms", "TPOT ms", "tokens/s", "seconds / prompt"], _timing_rows(report, task))]
     comparisons = report.get("comparisons") or []
     if comparisons:
         lines += ["", "Paired differences on the same prompts (* = the interval excludes 0):", ""]

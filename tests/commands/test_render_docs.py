@@ -31,6 +31,10 @@ def _row(acc: float) -> dict:
             "end_to_end_speedup": _iv(1.6, 1.5, 1.7),
         },
         "decomposition": {"predicted_decode_speedup": 1.72},
+        "ttft_s": 0.2,
+        "tpot_s": 0.1,
+        "tokens_per_s": 9.5,
+        "wall_s": 300.0,
     }
 
 
@@ -46,7 +50,16 @@ REPORT = {
         "max_new_tokens_per_task": {"gsm8k": 256},
     },
     "target_only": {
-        "gsm8k": {"num_prompts": 30, "tpot_s": 0.175, "quality": 0.567, "quality_metric": "exact_match", "intervals": {"quality": _iv(0.567, 0.4, 0.733)}}
+        "gsm8k": {
+            "num_prompts": 30,
+            "ttft_s": 0.25,
+            "tpot_s": 0.175,
+            "tokens_per_s": 5.5,
+            "wall_s": 600.0,
+            "quality": 0.567,
+            "quality_metric": "exact_match",
+            "intervals": {"quality": _iv(0.567, 0.4, 0.733)},
+        }
     },
     "drafts": {"base": {"tasks": {"gsm8k": _row(0.83)}}, "distilled": {"tasks": {"gsm8k": _row(0.87)}}},
     "comparisons": [
@@ -80,9 +93,12 @@ def test_a_section_is_rendered_from_its_report_and_a_hand_edit_fails_the_check(t
         "| 1.70× [1.60, 1.80] | 1.72× |" in text
     )
     assert "| draft | exact_match | exact_match − target only | acceptance |" in text
-    assert "target-only TPOT 175.0 ms, exact_match 0.567 [0.400, 0.733]." in text
+    assert "target-only exact_match 0.567 [0.400, 0.733]." in text
     assert "30 gsm8k prompts from `test.jsonl`, the first 30 of a shuffle seeded 0" in text
     assert "| gsm8k | distilled − base | +0.040 [+0.020, +0.060]* |" in text
+    assert "| system | TTFT ms | TPOT ms | tokens/s | seconds / prompt |" in text
+    assert "| target only | 250.0 | 175.0 | 5.50 | 20.0 |" in text  # 600 s over 30 prompts
+    assert "| distilled | 200.0 | 100.0 | 9.50 | 10.0 |" in text
     assert main(["--check", "--root", str(tmp_path)]) == 0
     doc.write_text(text.replace("1.70× [1.60, 1.80]", "1.80× [1.60, 1.80]", 1))
     capsys.readouterr()
