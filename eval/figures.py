@@ -20,6 +20,7 @@ from distill.eval.tasks import Task, TaskExample
 from distill.speculative.costs import Costs, expected_tokens_per_round, fit_alpha
 
 SCHEMA_VERSION = 2  # 2: runs, paired timings, end-to-end and decode speedups, intervals, per-round decomposition
+ONE = "one"  # the column of ones beside per-prompt scores (_with_ones): its sum is the number of prompts drawn
 
 
 def outputs(records: Iterable[dict]) -> dict[int, list[int]]:
@@ -83,15 +84,19 @@ def quality(task: Task, texts: list[str], examples: list[TaskExample], seed: int
         "quality_metric": task.metric_name,
         "metrics": metrics,
         "per_example_quality": scores,
-        "intervals": {"quality": bootstrap({"score": scores, "one": [1.0] * len(scores)}, ratio("score", "one"), seed=seed).to_dict()},
+        "intervals": {"quality": bootstrap(_with_ones(score=scores), ratio("score", ONE), seed=seed).to_dict()},
     }
 
 
 def quality_difference(target: Sequence[float], system: Sequence[float], seed: int = 0) -> dict[str, Any]:
     """A system's quality minus target-only quality on the same prompts (per-prompt scores in the same
     order), with the paired bootstrap's interval: what speculative decoding did to the task's answers."""
-    cols = {"system": system, "target": target, "one": [1.0] * len(target)}
-    return _with_verdict(bootstrap(cols, difference(ratio("system", "one"), ratio("target", "one")), seed=seed))
+    return _with_verdict(bootstrap(_with_ones(system=system, target=target), difference(ratio("system", ONE), ratio("target", ONE)), seed=seed))
+
+
+def _with_ones(**scores: Sequence[float]) -> dict[str, Sequence[float]]:
+    """Per-prompt score columns and the column ONE of ones, so that ratio(score, ONE) is a score's mean over the prompts drawn."""
+    return {**scores, ONE: [1.0] * len(next(iter(scores.values())))}
 
 
 def _with_verdict(iv: Interval) -> dict[str, Any]:
