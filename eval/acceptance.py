@@ -35,7 +35,7 @@ from distill.common import prompts
 from distill.common.io import file_stamp
 from distill.common.models import ModelLoadError, load_model, load_tokenizer, resolve
 from distill.common.provenance import MachineLoad, environment, warn
-from distill.common.trim import coverage, draft_to_target
+from distill.common.trim import coverage, draft_to_target, prompt_extras, prompt_rows
 from distill.common.vocab import check_tokenizers_agree
 from distill.eval.figures import (
     SCHEMA_VERSION,
@@ -677,17 +677,37 @@ def _add_mismatches(
 
 def _add_coverage(report: dict[str, Any], journal: Journal, batches: list[list[Call]], loaded: Loaded) -> None:
     """Each trimmed draft's kept rows and, per task, the share of the target-only output tokens (its answers
-    to these held-out prompts) inside its set: a token outside it is one the draft can never propose."""
+    to these held-out prompts) inside its set: a token outside it is one the draft can never propose. With
+    prompt rows, also the share inside the set widened, call by call, as the decoder widens it."""
     maps = {d: ids.cpu() for d in report["drafts"] if (ids := draft_to_target(loaded.drafts[d])) is not None}
     if not maps:
         return
     vocab = loaded.target.get_output_embeddings().weight.shape[0]
-    counts = {}  # task -> how often the target wrote each id, counted once for every draft
+    answers = {}  # task -> [(the call's prompt ids, the target's answer tokens)], read once for every draft
     for name in report["target_only"]:
-        base = outputs(journal.latest(c.key) for calls in batches for c in calls if c.task == name and c.system == TARGET)
-        counts[name] = torch.bincount(torch.tensor([t for row in base.values() for t in row], dtype=torch.long), minlength=vocab)
+        for call in (c for calls in batches for c in calls if c.task == name and c.system == TARGET):
+            prompts = torch.tensor([t for e in call.examples for t in loaded.encoded[name][e]], dtype=torch.long)
+            answers.setdefault(name, []).append((prompts, [t for row in outputs([journal.latest(call.key)]).values() for t in row]))
+    counts = {name: torch.bincount(torch.tensor([t for _, a in calls for t in a], dtype=torch.long), minlength=vocab) for name, calls in answers.items()}
     for d, ids in maps.items():
-        report["drafts"][d]["vocab"] = {"kept": len(ids), "coverage": {name: coverage(c, ids) for name, c in counts.items()}}
+        entry = {"kept": len(ids), "coverage": {name: coverage(c, ids) for name, c in counts.items()}}
+        if (rows := prompt_rows(loaded.drafts[d])) is not None:
+            in_set = torch.zeros(vocab, dtype=torch.bool)
+            in_set[ids] = True
+            shares = {name: _widened_share(calls, in_set, rows.capacity) for name, calls in answers.items()}
+            entry.update(prompt_rows=rows.capacity, coverage_with_prompt_rows=shares)
+        report["drafts"][d]["vocab"] = entry
+
+
+def _widened_share(calls: list[tuple[torch.Tensor, list[int]]], in_set: torch.Tensor, capacity: int) -> float:
+    """The share of the answers' tokens inside the kept set widened per call by its prompts' `prompt_extras`."""
+    inside = total = 0
+    for prompt_ids, answer in calls:
+        allowed = in_set.clone()
+        allowed[prompt_extras(prompt_ids, in_set, in_set.numel(), capacity)] = True
+        inside += int(allowed[torch.tensor(answer, dtype=torch.long)].sum()) if answer else 0
+        total += len(answer)
+    return inside / total if total else 0.0
 
 
 @torch.no_grad()

@@ -173,15 +173,17 @@ def vocab_table(report: dict[str, Any], heading: str = "##") -> list[str]:
     """Each trimmed draft's kept output rows and its coverage per task (the share of the target-only
     answers' tokens inside its set); nothing when no draft is trimmed."""
     rows = [
-        [name, f"{entry['vocab']['kept']:,}", task, f"{share:.2%}"]
+        [name, f"{v['kept']:,}", task, f"{share:.2%}", v.get("prompt_rows", 0), _f(v.get("coverage_with_prompt_rows", {}).get(task), ".2%")]
         for name, entry in report["drafts"].items()
         if "vocab" in entry
-        for task, share in entry["vocab"]["coverage"].items()
+        for v in [entry["vocab"]]
+        for task, share in v["coverage"].items()
     ]
     if not rows:
         return []
     title = f"{heading} Trimmed output layers: coverage of the target's own output tokens"
-    return ["", title, "", markdown_table(["draft", "output rows kept", "task", "coverage"], rows)]
+    columns = ["draft", "output rows kept", "task", "coverage", "prompt rows", "coverage with the prompt's tokens"]
+    return ["", title, "", markdown_table(columns, rows)]
 
 
 def _comparison_table(report: dict[str, Any]) -> list[str]:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The trimmed-vocabulary study behind docs/benchmarks.md's "Trimmed vocabulary" tables: the base and the
 # distilled Coder-0.5B draft with their LM heads cut afterwards to K = 8k / 16k / 32k rows (counted on the
-# target's own answers to the training prompts), and a draft trained with the trimmed head, under Coder-1.5B
-# on the held-out GSM8K prompts of the real-pair study (the first 30 of the seed-0 shuffle).
+# target's own answers to the training prompts and GSM8K train's reference answers: training rows only), and a
+# draft trained with the trimmed head, under Coder-1.5B on the held-out GSM8K prompts of the real-pair study
+# (the first 30 of the seed-0 shuffle). The decoder widens each cut per call by the prompt's own tokens
+# (prompt rows, distill.common.trim.PromptRows).
 #
 #   scripts/trimmed_vocab_study.sh sweep       # coverage, c and predicted speedup per K (distill bench; ~15 min)
 #   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K (~50 min: the generations are reused)
 #   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4.5 h on 2 idle cores; resumable: run it again)
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
-#                                              # 16k and 32k cuts at k = 3, 30 prompts x 128 tokens (~45 min; 8k left out: the
-#                                              # sweep gives it 16k's c with lower acceptance)
-#   BEST=32768 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~16 min)
+#                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~50 min; 32k left out: the
+#                                              # sweep gives it a c less than 15% below the full head's)
+#   BEST=16384 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~16 min)
 #
 # Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16, fp32, k3, k3-fp32) on an idle machine:
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
@@ -21,6 +23,7 @@ cd "$(dirname "$0")/.."
 R=${DISTILL_REAL_DIR:-$HOME/.cache/distill-real}
 DISTILLED=${DISTILLED:-runs/qwen2.5-coder-0.5b-from-1.5b-cpu}
 GENERATIONS=${GENERATIONS:-runs/qwen2.5-coder-1.5b-gsm8k-train-256/generations.jsonl}  # the target's answers to the 256 training prompts
+COUNTED=("$GENERATIONS" ../shared/data/gsm8k/train.jsonl)  # what each cut is counted on: those and GSM8K train's answers
 TRAINED_K=${TRAINED_K:-32768}
 TRAINED=runs/qwen2.5-coder-0.5b-from-1.5b-vocab${TRAINED_K}-cpu
 SIZES=(8192 16384 32768)
@@ -39,8 +42,8 @@ drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
 swept+=,trained-$((TRAINED_K / 1024))k
 pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
-k3_drafts=(--draft "distilled=$DISTILLED" --draft "$(trimmed distilled 16384)" --draft "$(trimmed distilled 32768)")
-BEST=${BEST:-32768}
+k3_drafts=(--draft "distilled=$DISTILLED" --draft "$(trimmed distilled 8192)" --draft "$(trimmed distilled 16384)")
+BEST=${BEST:-16384}
 best_draft=(--draft "$(trimmed distilled "$BEST")")
 
 accept() {  # name, the name of the array of --draft options, then distill accept options
@@ -54,12 +57,12 @@ accept() {  # name, the name of the array of --draft options, then distill accep
 for one in ${@:-sweep trim train bf16 fp32}; do
   case $one in
     sweep) distill bench --target "$R/coder-1.5b" --draft "$DISTILLED" --dtype bfloat16 --ks 1..6 --num-prompts 8 \
-             --vocab-sizes 8192,16384,32768,65536 --vocab-from "$GENERATIONS" --coverage-from "$TEST" \
+             --vocab-sizes 8192,16384,32768,65536 --vocab-from "${COUNTED[@]}" --coverage-from "$TEST" \
              --markdown docs/benchmarks.md --section trimmed_vocab_sweep ;;
     trim) for K in "${SIZES[@]}"; do
             for pair in "base=$R/coder-0.5b" "distilled=$DISTILLED"; do
               out=runs/trim/${pair%%=*}-$K
-              [ -e "$out/config.json" ] || distill trim-vocab "${pair#*=}" "$out" --size "$K" --from "$GENERATIONS"
+              [ -e "$out/config.json" ] || distill trim-vocab "${pair#*=}" "$out" --size "$K" --from "${COUNTED[@]}"
             done
           done ;;
     train) distill train recipes/qwen2.5-coder-0.5b-from-1.5b-cpu.yaml --set target.name_or_path="$R/coder-1.5b" \
@@ -67,8 +70,8 @@ for one in ${@:-sweep trim train bf16 fp32}; do
              --set draft.vocab.size="$TRAINED_K" --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
     bf16) accept bf16 drafts --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
     fp32) accept fp32 drafts --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
-    k3) accept k3 k3_drafts --num-samples 30 --max-new-tokens 128 --dtype bfloat16 ;;
-    k3-fp32) accept k3_fp32 best_draft --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
+    k3) accept k3_rows k3_drafts --num-samples 30 --max-new-tokens 128 --dtype bfloat16 ;;
+    k3-fp32) accept k3_rows_fp32 best_draft --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
     *) echo "unknown step $one: choose sweep, trim, train, bf16, fp32, k3 or k3-fp32" >&2; exit 2 ;;
   esac
 done

@@ -19,6 +19,9 @@ random head); `distill.common.models.load_model` loads it through `attach_trimme
 The kept set: the K ids most frequent in some text tokenized with the draft's tokenizer (`count_tokens`),
 special and chat-template tokens always kept (`always_kept`), ties to the lower id, ids never seen filled
 in id order (`select_ids`); rows are stored in ascending id order.
+
+While decoding, the set is widened per call by the prompt's own tokens (`PromptRows`, installed by the
+decoder): answers copy names and numbers from their question, tokens no count of other text ranks high.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ BUFFER = "draft_to_target"
 # A row's `response_ids` (the seq-KD generation cache) is counted as ids; `messages`, by its assistant turns.
 DEFAULT_FIELDS = ("response", "answer", "completion", "output", "text", "content")
 TRIMMED_LOSSES = ("renormalise", "other_bucket")
+# Spare head rows a trimmed draft fills with each request's prompt tokens outside its set while decoding (`PromptRows`).
+PROMPT_ROWS = 128
 
 
 class VocabTrimError(ValueError):
@@ -138,9 +143,12 @@ def trim_head(model: PreTrainedModel, keep_ids: Sequence[int] | torch.Tensor, *,
 
 def trimmed_copy(model: PreTrainedModel, keep_ids: Sequence[int] | torch.Tensor) -> PreTrainedModel:
     """A trimmed draft sharing every weight but the head with `model` (which stays as it is): for sweeps
-    over K that should not hold a copy of the draft per K."""
+    over K that should not hold a copy of the draft per K. Its full head is `model`'s own, not a copy."""
     shared = {id(p): p for p in model.parameters()}
-    return trim_head(copy.deepcopy(model, memo=shared), keep_ids, keep_full=False)
+    full = _plain_head(_base(model)).weight.detach()
+    trimmed = trim_head(copy.deepcopy(model, memo=shared), keep_ids, keep_full=False)
+    trimmed.vocab_trim.full_head = full
+    return trimmed
 
 
 def decode_head_rows(model: Any) -> torch.Tensor:
@@ -150,7 +158,7 @@ def decode_head_rows(model: Any) -> torch.Tensor:
 
 
 def full_head(model: Any) -> torch.Tensor:
-    """The full head the trimmed one was cut from ([V, H], on the CPU)."""
+    """The full head the trimmed one was cut from ([V, H]; on the CPU, or shared with the source of a `trimmed_copy`)."""
     state = trim_state(model)
     if state is not None and state.full_head is not None:
         return state.full_head
@@ -287,6 +295,104 @@ def attach_trimmed_head(model: PreTrainedModel, folder: str | os.PathLike) -> Pr
         full_head_file=file if file.is_file() else None, info={k: v for k, v in info.items() if k not in ("format", CONFIG_KEY, "full_vocab_size")}
     )
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt rows: the request's own tokens, added to the kept set while decoding
+
+
+class PromptRows(torch.nn.Module):
+    """A trimmed head with `capacity` spare rows that each request fills (`fill`) with its prompt's tokens
+    outside the kept set, their rows gathered from the full head: an answer that copies a name from the
+    question can still be proposed. It scores K + capacity rows, unused spare rows at -inf (probability 0);
+    `map` [K + capacity] gives each row's target id (unused rows point at id 0). Its one parameter is the
+    K-row head's own `weight`, so the state dict, saving and the full-vocabulary export are unchanged."""
+
+    def __init__(self, head: torch.nn.Module, ids: torch.Tensor, full: torch.Tensor, capacity: int):
+        super().__init__()
+        self.weight, self.kept = head.weight, ids.numel()
+        device, dtype = self.weight.device, self.weight.dtype
+        self.full = full  # [V, H], where the caller keeps it (a copy per request would cost more than the rows)
+        self.in_set = torch.zeros(full.shape[0], dtype=torch.bool)
+        self.in_set[ids.cpu()] = True
+        self.register_buffer("rows", torch.zeros(capacity, self.weight.shape[1], device=device, dtype=dtype), persistent=False)
+        self.register_buffer("bias", torch.full((capacity,), float("-inf"), device=device, dtype=dtype), persistent=False)
+        self.register_buffer("map", torch.cat([ids.to(device), torch.zeros(capacity, dtype=torch.long, device=device)]), persistent=False)
+
+    @property
+    def capacity(self) -> int:
+        return self.rows.shape[0]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        kept = torch.nn.functional.linear(hidden, self.weight[: self.kept])
+        return torch.cat([kept, torch.nn.functional.linear(hidden, self.rows) + self.bias], -1)
+
+    def fill(self, prompt_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Set the spare rows (in place: buffers of fixed address, so graphs stay valid) to `prompt_extras`
+        of `prompt_ids` (every id a request's prompts hold) below `vocab`; returns the ids added."""
+        extra = prompt_extras(prompt_ids, self.in_set, min(vocab, self.full.shape[0]), self.capacity)
+        n, rows = extra.numel(), torch.zeros_like(self.rows)
+        rows[:n] = self.full[extra.to(self.full.device)].to(device=rows.device, dtype=rows.dtype)
+        self.rows.copy_(rows)
+        self.bias.fill_(float("-inf"))
+        self.bias[:n] = 0
+        self.map[self.kept :].zero_()
+        self.map[self.kept : self.kept + n] = extra.to(self.map.device)
+        return extra
+
+
+def prompt_extras(prompt_ids: torch.Tensor, in_set: torch.Tensor, vocab: int, capacity: int) -> torch.Tensor:
+    """The ids a request's prompts add to a kept set (`in_set`: [V] bool): those below `vocab` outside the
+    set, the `capacity` most frequent in the prompts (ties to the lower id), ascending."""
+    ids = prompt_ids.flatten().cpu()
+    counts = torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=in_set.numel())[: in_set.numel()]
+    counts[in_set] = 0
+    order = torch.sort(-counts, stable=True).indices[: min(capacity, int((counts > 0).sum()))]
+    return order.sort().values
+
+
+def prompt_rows(model: Any) -> PromptRows | None:
+    """The draft's prompt rows, if `add_prompt_rows` gave it some."""
+    head = _base(model).get_output_embeddings() if model is not None else None
+    return head if isinstance(head, PromptRows) else None
+
+
+def add_prompt_rows(model: Any, capacity: int = PROMPT_ROWS) -> PromptRows | None:
+    """Give a trimmed draft `capacity` prompt rows for decoding (its head replaced, in place, by a
+    `PromptRows` around the same K-row weight; again with another capacity, rebuilt). None, and the draft
+    untouched, when it is not trimmed, `capacity` is 0 or it carries no full head to take rows from."""
+    base = _base(model) if model is not None else None
+    ids = draft_to_target(base)
+    if ids is None:
+        return None
+    head = base.get_output_embeddings()
+    if isinstance(head, PromptRows):
+        if head.capacity == capacity:
+            return head
+        base.set_output_embeddings(_plain_linear(head.weight))
+        head = base.get_output_embeddings()
+    if capacity <= 0:
+        return None
+    try:
+        full = full_head(base)
+    except VocabTrimError:
+        return None
+    rows = PromptRows(head, ids, full, capacity)
+    base.set_output_embeddings(rows)
+    return rows
+
+
+def ensure_prompt_rows(model: Any) -> PromptRows | None:
+    """The prompt rows decoding will use: those the draft has, else the default `PROMPT_ROWS` added, so that
+    a cost measured before any decoder was built times the head the decoder runs."""
+    return prompt_rows(model) or add_prompt_rows(model)
+
+
+def _plain_linear(weight: torch.nn.Parameter) -> torch.nn.Linear:
+    """A bias-free Linear around an existing weight (no copy)."""
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    head.weight = weight
+    return head
 
 
 def expand_logits(logits: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:

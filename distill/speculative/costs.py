@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from distill.common.trim import ensure_prompt_rows
 from distill.speculative.cache import StaticSide
 from distill.speculative.static import BACKENDS, Graphs, check_static_model, graphs_available, static_problem
 
@@ -225,6 +226,7 @@ class CostSampler:
             raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
         self.device = model_device(target)
         for name, model in drafts.items():
+            ensure_prompt_rows(model)
             if model_device(model) != self.device:
                 raise ValueError(f"target is on {self.device} but draft {name!r} on {model_device(model)}: move both to one device")
         ids = _cost_tokens(target, list(drafts.values()), prompt_len, ks[-1], seed, prompt_ids).to(self.device)
@@ -335,6 +337,7 @@ def measure_costs_static(
     enabled = graphs_available(device) if graphs is None else graphs
     check_static_model(target, "target")
     check_static_model(draft, "draft")
+    ensure_prompt_rows(draft)
     vocab = min(target.get_input_embeddings().num_embeddings, draft.get_input_embeddings().num_embeddings)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)

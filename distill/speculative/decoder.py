@@ -9,7 +9,7 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.common.trim import draft_to_target
+from distill.common.trim import PROMPT_ROWS, add_prompt_rows, draft_to_target
 from distill.common.vocab import check_special_ids_agree, check_tokenizers_agree, shared_vocab_size
 from distill.speculative.loop import SpecLoop
 from distill.speculative.schedule import make_schedule
@@ -32,7 +32,9 @@ class SpeculativeDecoder:
     follows the target's distribution exactly. Pass the tokenizers to have them checked; the
     draft's logits are limited to the vocabulary both models share (`vocab_size`). A draft with a
     trimmed head (`distill.common.trim`) proposes through its map and has probability 0 outside it;
-    verification and the acceptance rule stay over the target's whole vocabulary.
+    verification and the acceptance rule stay over the target's whole vocabulary. Its set is widened
+    per call by up to `prompt_rows` of the prompt's own tokens (`PromptRows`: rows from the full head
+    it was cut from; 0 turns this off), since answers copy names and numbers from their question.
 
     `backend`: "eager" (caches that grow), "static" (preallocated caches, each round replayed as
     CUDA graphs on CUDA), "compiled" (static caches with the draft's k steps as one torch.compile
@@ -49,6 +51,7 @@ class SpeculativeDecoder:
         draft_tokenizer: PreTrainedTokenizerBase | None = None,
         vocab_size: int | None = None,
         backend: str = "auto",
+        prompt_rows: int = PROMPT_ROWS,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -76,6 +79,9 @@ class SpeculativeDecoder:
                 f"the draft's trimmed head maps a row to token id {int(d2t.max())}, past the {self.vocab_size} tokens both models share: "
                 "trim the draft over the tokenizer's vocabulary (distill trim-vocab keeps tokenizer ids only)"
             )
+        if prompt_rows < 0:
+            raise ValueError(f"prompt_rows must be >= 0 (0: the trimmed set alone), got {prompt_rows}")
+        add_prompt_rows(draft, prompt_rows)
         self.context = min(_context_length(target), _context_length(draft))
         problems = [p for p in (static_problem(target, "target"), static_problem(draft, "draft")) if p]
         if backend in ("static", "compiled") and problems:

@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from distill.common.clock import Clock
-from distill.common.trim import draft_to_target
+from distill.common.trim import draft_to_target, prompt_rows
 from distill.speculative.cache import DynamicSide, StaticSide
 from distill.speculative.sampling import greedy_accept, rejection_accept, sample, warp
 from distill.speculative.schedule import make_schedule
@@ -66,8 +66,10 @@ class SpecLoop:
         self.target_vocab = target.config.get_text_config().vocab_size
         self.vocab_size = vocab_size or self.target_vocab
         self.draft_rows, self.context = draft_rows, context
-        # A trimmed draft's head scores K target ids (row i: draft_to_target[i]); None: the shared vocabulary.
-        self.draft_to_target = draft_to_target(draft)
+        # A trimmed draft's head scores K target ids (row i: draft_to_target[i]), and with prompt rows K + E,
+        # the last E filled per call with the prompt's tokens outside the set; None: the shared vocabulary.
+        self.prompt_rows = prompt_rows(draft)
+        self.draft_to_target = self.prompt_rows.map if self.prompt_rows is not None else draft_to_target(draft)
         self.draft_width = self.vocab_size if self.draft_to_target is None else self.draft_to_target.numel()
         on_cuda = graphs_available(self.device)
         self.graphs_enabled = (self.static and on_cuda and not compile_draft) if graphs is None else graphs
@@ -152,7 +154,7 @@ class SpecLoop:
 
     def _draft_steps(self, k: int) -> None:
         """k draft steps from the two pending tokens; proposals land in tokens[:, 1:k+1] (and their
-        distributions in q when sampling). A trimmed draft chooses among its K rows, proposes the
+        distributions in q when sampling). A trimmed draft chooses among its rows, proposes the
         target id of the row chosen and gives every other id probability 0 in q; its next input is
         that target id (its input embedding is whole)."""
         ids, positions = self.pending, self.pos[:, None] - 1 + self.steps_ahead[:2]
@@ -166,8 +168,8 @@ class SpecLoop:
                     self.q[:, j - 1, : self.vocab_size] = probs
             else:
                 self.tokens[:, j] = d2t[choice]
-                if probs is not None:
-                    self.q[:, j - 1].index_copy_(1, d2t, probs)
+                if probs is not None:  # unused prompt rows repeat id 0 with probability 0: added, not copied
+                    self.q[:, j - 1].zero_().index_add_(1, d2t, probs)
             ids, positions = self.tokens[:, j : j + 1], self.pos[:, None] + j
 
     def _verify(self, k: int) -> None:
@@ -276,6 +278,8 @@ class SpecLoop:
         stats = SpecStats(num_sequences=batch)
         eos_set = set(eos)
 
+        if self.prompt_rows is not None:
+            self.prompt_rows.fill(input_ids[attention_mask.bool()], self.vocab_size)
         first = self._prefill(input_ids, attention_mask).tolist()
         stats.sequence_forwards, stats.target_forwards = batch, 1
         stats.draft_forwards = int(self.dside is not None and prompt_len > 1)

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from distill.common.tiny import build_tokenizer, corpus_texts, make_examples, tiny_qwen2
+from distill.common.trim import PROMPT_ROWS
 from distill.common.vocab import cut_at_eos
-from distill.eval.acceptance import DraftSource, Settings, main, parse_drafts
+from distill.eval.acceptance import DraftSource, Settings, _widened_share, main, parse_drafts
 from distill.eval.journal import LEGACY, Journal, Run, busiest
 from distill.eval.measurement import TARGET, Call, calls_to_run
 from distill.eval.tasks import get_task
@@ -519,8 +520,20 @@ def test_a_trimmed_draft_keeps_greedy_identity_and_reports_its_coverage(setup, t
     tokens = [t for r in records if r.get("system") == TARGET and r.get("task") == "gsm8k" for new in r["new"] for t in new]
     share = sum(t in kept for t in tokens) / len(tokens)
     assert 0 < share < 1  # the target writes tokens the trimmed draft can never propose, and decoding stays lossless
-    assert report["drafts"]["trimmed"]["vocab"] == {"kept": 192, "coverage": {"gsm8k": pytest.approx(share)}}
-    assert f"| trimmed | 192 | gsm8k | {share:.2%} |" in (out / "report.md").read_text()
+    vocab = report["drafts"]["trimmed"]["vocab"]
+    widened = vocab["coverage_with_prompt_rows"]["gsm8k"]
+    assert vocab == {"kept": 192, "coverage": {"gsm8k": pytest.approx(share)}, "prompt_rows": PROMPT_ROWS, "coverage_with_prompt_rows": {"gsm8k": widened}}
+    assert share < widened <= 1  # the answers repeat tokens of their questions that the set left out
+    assert f"| trimmed | 192 | gsm8k | {share:.2%} | {PROMPT_ROWS} | {widened:.2%} |" in (out / "report.md").read_text()
+
+
+def test_the_widened_coverage_counts_each_calls_prompt_extras():
+    """Hand-checked: set {0, 1}; call 1's prompt adds 5 and 7 (capacity 2: the two most frequent of 5, 7, 9),
+    call 2's adds 9; answer tokens inside: call 1: 0, 5, 7 of [0, 5, 7, 9]; call 2: 1, 9 of [1, 9, 5]."""
+    in_set = torch.zeros(12, dtype=torch.bool)
+    in_set[[0, 1]] = True
+    calls = [(torch.tensor([5, 5, 7, 7, 9, 1]), [0, 5, 7, 9]), (torch.tensor([9, 1]), [1, 9, 5])]
+    assert _widened_share(calls, in_set, 2) == pytest.approx(5 / 7)
 
 
 def test_the_k_sweep_covers_the_drafts_named_and_one_added_later_reuses_every_call(setup, tmp_path):

@@ -1,6 +1,7 @@
 """A draft with a trimmed head (distill.common.trim) under the bundled decoder: greedy output identical to
 the target's, sampled output distributed as the target's (the draft's probability is 0 outside its kept
-ids, the residual rule unchanged), target tokens outside the kept set, every backend."""
+ids, the residual rule unchanged), target tokens outside the kept set, every backend; with and without the
+prompt rows that widen the set per call by the prompt's own tokens."""
 
 from __future__ import annotations
 
@@ -82,9 +83,8 @@ def test_static_loop_makes_the_eager_loops_decisions(pairs, tokenizer, examples)
     assert {n: getattr(runs[0].stats, n) for n in DECISIONS} == {n: getattr(runs[1].stats, n) for n in DECISIONS}
 
 
-def test_a_token_outside_the_set_is_never_proposed_and_always_comes_from_the_target(pairs, tokenizer, examples, monkeypatch):
-    """Every proposal is a kept id; a target token outside the set ends the round as the target's own token."""
-    target, draft = pairs["noisy"]
+def _proposals(monkeypatch) -> list[torch.Tensor]:
+    """Every round's proposals, as the verify step sees them."""
     proposals = []
     verify = SpecLoop._verify
 
@@ -93,9 +93,98 @@ def test_a_token_outside_the_set_is_never_proposed_and_always_comes_from_the_tar
         return verify(self, k)
 
     monkeypatch.setattr(SpecLoop, "_verify", spy)
+    return proposals
+
+
+def test_a_token_outside_the_set_is_never_proposed_and_always_comes_from_the_target(pairs, tokenizer, examples, monkeypatch):
+    """Without prompt rows every proposal is a kept id; a target token outside the set ends the round as the target's own token."""
+    target, draft = pairs["noisy"]
+    proposals = _proposals(monkeypatch)
     enc = _batch(tokenizer, examples, 2)
-    SpeculativeDecoder(target, draft, num_draft_tokens=4, backend="eager").generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=30)
+    out = SpeculativeDecoder(target, draft, num_draft_tokens=4, backend="eager", prompt_rows=0).generate(
+        enc["input_ids"], enc["attention_mask"], max_new_tokens=30
+    )
+    assert trim.prompt_rows(draft) is None
     assert proposals and all(torch.isin(p, draft.draft_to_target).all() for p in proposals)
+    assert out.sequences.tolist() == target.generate(**enc, max_new_tokens=30, do_sample=False).tolist()
+
+
+# --- prompt rows: the prompt's own tokens join the set for the call --------------------------
+
+
+@pytest.fixture(scope="module")
+def copy_pair(tiny_pair):
+    """A target and its trimmed noisy copy whose kept set leaves out every token of the prompts below (special
+    tokens aside): whatever of the prompt the target repeats, the draft can propose only through prompt rows."""
+    target = tiny_pair.real_vocab_target
+    prompt_ids = {i for shift in (0, 2) for i in _copy_prompts(tiny_pair.tokenizer, shift)["input_ids"].flatten().tolist()}
+    keep = sorted((set(range(len(tiny_pair.tokenizer))) - prompt_ids) | set(trim.always_kept(tiny_pair.tokenizer)))
+    return target, trim.trimmed_copy(noisy_copy(target, 0.05, 13), keep)
+
+
+def _copy_prompts(tokenizer, shift: int = 0):
+    tokenizer.padding_side = "left"
+    words = ["alpha beta gamma delta", "one two three four five six", "red green blue", "north south east west"]
+    texts = [" ".join([words[(i + shift) % 4]] * 4) for i in range(2)]
+    return tokenizer(texts, return_tensors="pt", padding=True)
+
+
+def test_prompt_extras_are_the_most_frequent_prompt_ids_outside_the_set():
+    in_set = torch.zeros(10, dtype=torch.bool)
+    in_set[[0, 1, 2]] = True
+    prompt = torch.tensor([[5, 5, 7, 1, 9, 9, 9, 3, 12]])  # 12 lies past the vocabulary; 1 is kept already
+    assert trim.prompt_extras(prompt, in_set, 10, 8).tolist() == [3, 5, 7, 9]
+    assert trim.prompt_extras(prompt, in_set, 10, 2).tolist() == [5, 9]  # the two most frequent
+    assert trim.prompt_extras(prompt, in_set, 10, 3).tolist() == [3, 5, 9]  # ties to the lower id
+    assert trim.prompt_extras(prompt, in_set, 8, 8).tolist() == [3, 5, 7]  # ids >= vocab are never proposed
+
+
+def test_prompt_rows_score_the_full_heads_rows_and_leave_the_state_dict_alone(tiny_pair):
+    draft = tiny_pair.real_vocab_target
+    trimmed = trim.trimmed_copy(draft, _kept(tiny_pair.tokenizer))
+    keys = set(trimmed.state_dict())
+    rows = trim.add_prompt_rows(trimmed, 8)
+    added = rows.fill(torch.tensor([3, 6, 6, 9, 2]), len(tiny_pair.tokenizer))
+    assert added.tolist() == [3, 6, 9] and set(trimmed.state_dict()) == keys
+    ids = torch.arange(20)[None]
+    with torch.no_grad():
+        full, got = draft(ids).logits, trimmed(ids).logits
+    k = len(trimmed.draft_to_target)
+    assert got.shape[-1] == k + 8 and torch.equal(rows.map[: k + 3], torch.cat([trimmed.draft_to_target, added]))
+    torch.testing.assert_close(got[..., : k + 3], full[..., rows.map[: k + 3]])
+    assert torch.isinf(got[..., k + 3 :]).all() and (got[..., k + 3 :] < 0).all()
+    assert trim.add_prompt_rows(trimmed, 0) is None and trimmed(ids).logits.shape[-1] == k  # 0 takes them off again
+
+
+@pytest.mark.parametrize("backend", ["eager", "static", "compiled"])
+def test_prompt_rows_propose_what_the_target_copies_from_the_prompt(copy_pair, tokenizer, backend, monkeypatch):
+    """Greedy output stays the target's on every backend; the draft proposes prompt tokens outside its set,
+    refilled per call (the second call's prompt differs: its rows must reach a captured or compiled step)."""
+    target, draft = copy_pair
+    if backend == "compiled":
+        torch._dynamo.reset()
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=3, backend=backend)
+    for shift in (0, 2):
+        proposals = _proposals(monkeypatch)
+        enc = _copy_prompts(tokenizer, shift)
+        out = decoder.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
+        assert out.sequences.tolist() == target.generate(**enc, max_new_tokens=24, do_sample=False).tolist()
+        proposed = torch.cat(proposals, 1)
+        allowed = torch.cat([draft.draft_to_target, enc["input_ids"].flatten()])
+        assert torch.isin(proposed, allowed).all()
+        assert (~torch.isin(proposed, draft.draft_to_target)).any(), "no prompt token outside the set was proposed"
+
+
+def test_prompt_rows_raise_acceptance_where_the_answer_copies_the_prompt(copy_pair, tokenizer):
+    target, draft = copy_pair
+    enc = _copy_prompts(tokenizer)
+    rates = [
+        SpeculativeDecoder(target, draft, num_draft_tokens=3, backend="eager", prompt_rows=rows)
+        .generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=24)
+        .stats.acceptance_rate
+        for rows in (0, trim.PROMPT_ROWS)
+    ]
+    assert rates[1] > rates[0]
 
 
 def test_a_map_past_the_shared_vocabulary_and_a_trimmed_target_are_refused(tiny_pair):
@@ -143,13 +232,16 @@ def _chi_square_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def _sampled(target, draft, temperature, top_p, backend="eager", n=12000, steps=3, seed=0, loop=None):
+def _sampled(target, draft, temperature, top_p, backend="eager", n=12000, steps=3, seed=0, loop=None, rows=0):
+    """TVD and chi-square p of n sampled continuations of a prompt that holds ids 1 and 4 (outside the set):
+    with `rows` prompt rows the draft may propose them, without it only the target emits them."""
     prompt = torch.tensor([[1, 4, 2]])
     exact = _exact_joint(target, prompt, steps, temperature, top_p)
     if loop is None:
-        out = SpeculativeDecoder(target, draft, num_draft_tokens=2, backend=backend).generate(
+        out = SpeculativeDecoder(target, draft, num_draft_tokens=2, backend=backend, prompt_rows=rows).generate(
             prompt.expand(n, -1), max_new_tokens=steps, do_sample=True, temperature=temperature, top_p=top_p, seed=seed
         )
+        assert rows == 0 or trim.prompt_rows(draft).map[len(KEEP) : len(KEEP) + 2].tolist() == [1, 4]
     else:
         out = loop.generate(
             prompt.expand(n, -1),
@@ -174,17 +266,19 @@ def _sampled(target, draft, temperature, top_p, backend="eager", n=12000, steps=
 TVD_BOUND = 0.075  # as tests/speculative/test_decoder.py: an exact sampler measured 0.007-0.027 there
 
 
+@pytest.mark.parametrize("rows", [0, 4])
 @pytest.mark.parametrize("backend", ["eager", "static"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_sampling_follows_the_target_distribution(small_vocab_pair, temperature, top_p, backend):
-    tvd, p = _sampled(*small_vocab_pair, temperature, top_p, backend=backend)
+def test_sampling_follows_the_target_distribution(small_vocab_pair, temperature, top_p, backend, rows):
+    tvd, p = _sampled(*small_vocab_pair, temperature, top_p, backend=backend, rows=rows)
     assert tvd < TVD_BOUND and p > 1e-3
 
 
-def test_compiled_draft_sampling_follows_the_target_distribution(small_vocab_pair):
+@pytest.mark.parametrize("rows", [0, 4])
+def test_compiled_draft_sampling_follows_the_target_distribution(small_vocab_pair, rows):
     """The compiled backend maps and scatters the trimmed draft's distribution inside its torch.compile graph."""
     torch._dynamo.reset()
-    tvd, p = _sampled(*small_vocab_pair, 0.7, 0.9, backend="compiled")
+    tvd, p = _sampled(*small_vocab_pair, 0.7, 0.9, backend="compiled", rows=rows)
     assert tvd < TVD_BOUND and p > 1e-3
 
 
@@ -203,6 +297,7 @@ class _RowsAsIds(SpecLoop):
 
 def test_the_sampling_test_catches_a_q_written_at_the_rows_instead_of_the_ids(small_vocab_pair):
     target, draft = small_vocab_pair
+    trim.add_prompt_rows(draft, 0)
     tvd, p = _sampled(target, draft, 1.0, 1.0, loop=_RowsAsIds(target, draft, 2, cache="dynamic"))
     assert tvd > TVD_BOUND and p < 1e-6
 
@@ -248,3 +343,16 @@ def test_graphed_loop_on_cuda_is_lossless(pairs, small_vocab_pair, tokenizer, ex
     finally:
         for m in (*pairs["noisy"], *small_vocab_pair):
             m.to("cpu")
+
+
+@pytest.mark.parametrize("backend", ["eager", "static"])
+def test_costs_time_the_head_the_decoder_runs(tiny_pair, backend):
+    """c of a trimmed draft includes its prompt rows: the default ones when no decoder chose others first."""
+    from distill.speculative.costs import measure_costs
+
+    target = tiny_pair.real_vocab_target
+    fresh, chosen = (trim.trimmed_copy(noisy_copy(target, 0.05, 13), _kept(tiny_pair.tokenizer)) for _ in range(2))
+    SpeculativeDecoder(target, chosen, num_draft_tokens=2, prompt_rows=16)
+    for draft in (fresh, chosen):
+        measure_costs(target, draft, ks=[1], prompt_len=8, repeats=1, warmup=1, backend=backend)
+    assert trim.prompt_rows(fresh).capacity == trim.PROMPT_ROWS and trim.prompt_rows(chosen).capacity == 16
