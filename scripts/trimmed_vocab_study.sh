@@ -11,9 +11,9 @@
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K (~50 min: the generations are reused)
 #   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4.5 h on 2 idle cores; resumable: run it again)
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
-#                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~50 min; 32k left out: the
-#                                              # sweep gives it a c less than 15% below the full head's)
-#   BEST=16384 scripts/trimmed_vocab_study.sh k3-fp32   # float32 greedy identity of the chosen cut, 8 prompts (~16 min)
+#                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~55 min; 32k left out: its c
+#                                              # sits with 16k's, so it could only win on acceptance)
+#   BEST=8192 scripts/trimmed_vocab_study.sh k3-fp32    # float32 greedy identity of the chosen cut, 8 prompts (~20 min)
 #
 # Every step is resumable and leaves finished outputs alone. Run the timed steps (sweep, bf16, fp32, k3, k3-fp32) on an idle machine:
 # a report whose machine-load record shows other processes above 0.1 cores is refused.
@@ -43,7 +43,7 @@ swept+=,trained-$((TRAINED_K / 1024))k
 pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
 k3_drafts=(--draft "distilled=$DISTILLED" --draft "$(trimmed distilled 8192)" --draft "$(trimmed distilled 16384)")
-BEST=${BEST:-16384}
+BEST=${BEST:-8192}
 best_draft=(--draft "$(trimmed distilled "$BEST")")
 
 accept() {  # name, the name of the array of --draft options, then distill accept options
