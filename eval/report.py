@@ -171,7 +171,8 @@ def decomposition_table(report: dict[str, Any], heading: str = "##") -> list[str
 
 def vocab_table(report: dict[str, Any], heading: str = "##") -> list[str]:
     """Each trimmed draft's kept output rows and its coverage per task (the share of the target-only
-    answers' tokens inside its set); nothing when no draft is trimmed."""
+    answers' tokens inside its set), then its prompt rows and the share inside the set as each call's
+    prompt widened it ("–" in reports from before prompt rows); nothing when no draft is trimmed."""
     rows = [
         [name, f"{v['kept']:,}", task, f"{share:.2%}", v.get("prompt_rows", 0), _f(v.get("coverage_with_prompt_rows", {}).get(task), ".2%")]
         for name, entry in report["drafts"].items()
