@@ -331,9 +331,9 @@ class PromptRows(torch.nn.Module):
         """Set the spare rows (in place: buffers of fixed address, so graphs stay valid) to `prompt_extras`
         of `prompt_ids` (every id a request's prompts hold) below `vocab`; returns the ids added."""
         extra = prompt_extras(prompt_ids, self.in_set, min(vocab, self.full.shape[0]), self.capacity)
-        n, rows = extra.numel(), torch.zeros_like(self.rows)
-        rows[:n] = self.full[extra.to(self.full.device)].to(device=rows.device, dtype=rows.dtype)
-        self.rows.copy_(rows)
+        n = extra.numel()
+        self.rows.zero_()
+        self.rows[:n] = self.full[extra.to(self.full.device)].to(device=self.rows.device, dtype=self.rows.dtype)
         self.bias.fill_(float("-inf"))
         self.bias[:n] = 0
         self.map[self.kept :].zero_()
