@@ -27,7 +27,7 @@ from distill.commands.export_gguf import OUTTYPES, export_gguf, serve_command
 from distill.common.io import atomic_folder, atomic_write, write_json
 from distill.common.models import load_config, load_model, load_tokenizer, resolve
 from distill.common.provenance import versions
-from distill.common.trim import draft_to_target, restore_full_head, save_trim_files, trim_state
+from distill.common.trim import PROMPT_ROWS, draft_to_target, restore_full_head, save_trim_files, trim_state
 from distill.common.vocab import check_tokenizers_agree
 
 log = logging.getLogger(__name__)
@@ -380,6 +380,7 @@ def _trimmed_card(draft: _Draft, repo: str) -> dict[str, Any] | None:
         "coverage": f"{cov:.2%}" if isinstance(cov, float) else "an unrecorded share",
         "folder": FULL_VOCAB,
         "path": f"{repo}/{FULL_VOCAB}",
+        "prompt_rows": PROMPT_ROWS,
     }
 
 

@@ -176,6 +176,7 @@ def test_publish_writes_the_trimmed_folder_and_its_full_vocabulary_export(files,
     assert not hasattr(full.config, "draft_vocab_size")
     card = (out / "README.md").read_text()
     assert "Trimmed vocabulary: two folders" in card and f'subfolder="{FULL_VOCAB}"' in card and f"keeps {K} of" in card
+    assert f"up to {trim.PROMPT_ROWS} of the prompt's own tokens" in card  # the rows the decoder adds, which its users may turn off
 
 
 def test_gguf_export_of_a_trimmed_draft_is_the_full_vocabulary_draft(files, tmp_path):
