@@ -9,7 +9,8 @@
 #   scripts/trimmed_vocab_study.sh sweep       # coverage, c and predicted speedup per K (distill bench; ~15 min)
 #   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K, counted as the cuts (~50 min: the generations are reused)
-#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~4.5 h on 2 idle cores; resumable: run it again)
+#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~3.5 h on 2 idle cores, fp32: ~1 h; resumable: run it again)
+#                                              # bf16 asks the k3 step's 30 prompts x 128 tokens: its three drafts' acceptance must repeat
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
 #                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~55 min; 32k left out: its c
 #                                              # sits with 16k's, so it could only win on acceptance)
@@ -69,7 +70,7 @@ for one in ${@:-sweep trim train bf16 fp32}; do
              --set draft.name_or_path="$R/coder-0.5b" --set data.dataset=../shared/data/gsm8k/train.jsonl \
              --set draft.vocab.size="$TRAINED_K" --set "draft.vocab.count_from=[$(IFS=,; echo "${COUNTED[*]}")]" \
              --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
-    bf16) accept bf16 drafts --num-samples 30 --max-new-tokens 256 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
+    bf16) accept bf16 drafts --num-samples 30 --max-new-tokens 128 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
     fp32) accept fp32 drafts --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
     k3) accept k3_rows k3_drafts --num-samples 30 --max-new-tokens 128 --dtype bfloat16 ;;
     k3-fp32) accept k3_rows_fp32 best_draft --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
