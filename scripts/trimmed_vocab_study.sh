@@ -9,7 +9,7 @@
 #   scripts/trimmed_vocab_study.sh sweep       # coverage, c and predicted speedup per K (distill bench; ~15 min)
 #   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K, counted as the cuts (~50 min: the generations are reused)
-#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~2.7 h on 2 idle cores, fp32: ~1 h; resumable: run it again)
+#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~2.7 h on 2 idle cores, fp32: ~1 h in two runs; resumable)
 #                                              # bf16 asks the k3 step's 30 prompts x 128 tokens: its three drafts' acceptance must repeat
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
 #                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~55 min; 32k left out: its c
@@ -31,15 +31,21 @@ SIZES=(8192 16384 32768)
 TEST=../shared/data/gsm8k/test.jsonl
 
 drafts=(--draft "base=$R/coder-0.5b" --draft "distilled=$DISTILLED")
+# float32 cannot hold the target and all nine drafts in 24 GiB (the OOM killer stopped it at 24.3 GB), so fp32 runs them in two groups
+base_drafts=(--draft "base=$R/coder-0.5b")
+distilled_drafts=(--draft "distilled=$DISTILLED")
 swept=distilled  # the k sweep covers the distilled drafts only; the base ones are measured at k = 3
 pairs=""         # each trimmed draft's paired difference over its untrimmed source (each is compared with base anyway)
 trimmed() { echo "$1-$(($2 / 1024))k=runs/trim/$1-$2"; }  # the --draft value of draft $1 cut to $2 rows
 for K in "${SIZES[@]}"; do
   drafts+=(--draft "$(trimmed base "$K")" --draft "$(trimmed distilled "$K")")
+  base_drafts+=(--draft "$(trimmed base "$K")")
+  distilled_drafts+=(--draft "$(trimmed distilled "$K")")
   swept+=,distilled-$((K / 1024))k
   pairs+=distilled-$((K / 1024))k:distilled,
 done
 drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
+distilled_drafts+=(--draft "trained-$((TRAINED_K / 1024))k=$TRAINED")
 swept+=,trained-$((TRAINED_K / 1024))k
 pairs+=trained-$((TRAINED_K / 1024))k:distilled
 
@@ -71,7 +77,9 @@ for one in ${@:-sweep trim train bf16 fp32}; do
              --set draft.vocab.size="$TRAINED_K" --set "draft.vocab.count_from=[$(IFS=,; echo "${COUNTED[*]}")]" \
              --set output_dir="$TRAINED" $( [ -d "$TRAINED" ] && echo --resume ) ;;
     bf16) accept bf16 drafts --num-samples 30 --max-new-tokens 128 --ks 1,2,3,4,5,6 --sweep-samples 8 --sweep-drafts "$swept" --compare "$pairs" --dtype bfloat16 ;;
-    fp32) accept fp32 drafts --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
+    fp32) for group in base distilled; do
+            accept "fp32_$group" "${group}_drafts" --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5
+          done ;;
     k3) accept k3_rows k3_drafts --num-samples 30 --max-new-tokens 128 --dtype bfloat16 ;;
     k3-fp32) accept k3_rows_fp32 best_draft --num-samples 8 --max-new-tokens 128 --dtype float32 --cost-repeats 5 ;;
     *) echo "unknown step $one: choose sweep, trim, train, bf16, fp32, k3 or k3-fp32" >&2; exit 2 ;;
