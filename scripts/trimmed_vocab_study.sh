@@ -9,7 +9,7 @@
 #   scripts/trimmed_vocab_study.sh sweep       # coverage, c and predicted speedup per K (distill bench; ~15 min)
 #   scripts/trimmed_vocab_study.sh trim        # the six trimmed folders (a minute each)
 #   scripts/trimmed_vocab_study.sh train       # a draft trained with draft.vocab.size=$TRAINED_K, counted as the cuts (~50 min: the generations are reused)
-#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~2.7 h on 2 idle cores, fp32: ~1 h in two runs; resumable)
+#   scripts/trimmed_vocab_study.sh bf16 fp32   # one `distill accept` run each (bf16: ~2.7 h on 2 idle cores, fp32: ~1.3 h in two runs; resumable)
 #                                              # bf16 asks the k3 step's 30 prompts x 128 tokens: its three drafts' acceptance must repeat
 #   scripts/trimmed_vocab_study.sh k3          # the goal's comparison alone, fitting one session: the distilled draft and its
 #                                              # 8k and 16k cuts at k = 3, 30 prompts x 128 tokens (~55 min; 32k left out: its c
