@@ -34,9 +34,6 @@ TEMPLATES = {
     # GSM8K: the question.
     "gsm8k": GSM8K,
     "gsm8k-brief": 'Answer this word problem. Show the key steps briefly in plain words, then give the result on the last line as "#### <number>".\n\n{question}',
-    # No format asked: the target answers in its own style (LaTeX display math, \boxed{N}), as it does to a bare
-    # question, which the two templates above never let a draft see.
-    "gsm8k-solve": "Solve this math problem.\n\n{question}",
     "gsm8k-boxed": "{question}\nPlease reason step by step, and put your final answer within \\boxed{}.",
     "gsm8k-plain": "{question}",
     # MMLU: the question, its lettered options and "Answer:"; {subject} is the subject in words.
@@ -50,7 +47,7 @@ TEMPLATES = {
     "cnndm-tldr": "{question}\n\nTL;DR:",
     "cnndm-bullets": "Read the article below and list its key points as three short bullet points.\n\nArticle:\n{question}",
 }
-TRAINING_TEMPLATES = {"gsm8k": ("gsm8k", "gsm8k-brief", "gsm8k-solve"), "mmlu": ("mmlu", "mmlu-brief"), "cnndm": ("cnndm", "cnndm-brief")}
+TRAINING_TEMPLATES = {"gsm8k": ("gsm8k", "gsm8k-brief"), "mmlu": ("mmlu", "mmlu-brief"), "cnndm": ("cnndm", "cnndm-brief")}
 HELD_OUT_TEMPLATES = {"gsm8k": ("gsm8k-boxed", "gsm8k-plain"), "mmlu": ("mmlu-exam", "mmlu-plain"), "cnndm": ("cnndm-tldr", "cnndm-bullets")}
 # The fields each task fills in (every template needs {question}).
 FIELDS = {"gsm8k": ("question",), "mmlu": ("question", "subject"), "cnndm": ("question",)}
