@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 DTYPES = ["float32", "bfloat16", "float16", "auto"]
@@ -228,6 +229,17 @@ def _trim_vocab(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
 
 
+def _pad_vocab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="the model: a folder, a training output, a Hub id or a .gguf file")
+    p.add_argument("out", help="the folder to write; must not exist")
+    p.add_argument("--vocab-size", type=int, required=True, help="rows of the copy's embedding and LM head, e.g. 152064 (Qwen2.5-7B's)")
+
+
+def _vllm_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--venv", help="where the environment goes (default $DISTILL_VLLM_VENV, else ~/.cache/distill/vllm-venv)")
+    p.add_argument("--python", default=sys.executable, help="the Python the venv is made from (default: the one running distill)")
+
+
 def _docs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="exit 1 naming each section that differs from its report's rendering (nothing written)")
     p.add_argument("--root", default=".", help="the repository root (default: the current folder)")
@@ -246,6 +258,12 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] 
     "convert-gguf": ("distill.commands.convert_gguf", "dequantise a .gguf file once into a Hugging Face folder (safetensors, tokenizer)", _convert_gguf),
     "export-gguf": ("distill.commands.export_gguf", "write a draft as a GGUF file llama.cpp loads (-md), f16, bf16 or q8_0", _export_gguf),
     "trim-vocab": ("distill.commands.trim_vocab", "cut a draft's LM head to the K target tokens most frequent in some text (lossless)", _trim_vocab),
+    "pad-vocab": (
+        "distill.commands.pad_vocab",
+        "copy a model with its embedding and LM head grown to N rows that never win (as Qwen2.5-7B's 152,064)",
+        _pad_vocab,
+    ),
+    "vllm-env": ("distill.engines.vllm_env", "make vLLM's CPU build a virtual environment of its own (pinned; what scripts/bench_vllm.py runs in)", _vllm_env),
     "docs": ("distill.commands.render_docs", "render the docs' measured tables from the reports committed under docs/results/", _docs),
     "prepare-tiny": ("distill.commands.prepare_tiny", "build the tiny target and corpus that recipes/tiny-cpu.yaml trains on", _prepare_tiny),
 }

@@ -1,5 +1,5 @@
 """llama.cpp's speculative decoding with this project's drafts exported as GGUFs, against its target alone
-(logic: distill/commands/bench_llamacpp.py; skipped with a message when llama.cpp is absent).
+(logic: distill/engines/llamacpp.py; skipped with a message when llama.cpp is absent).
 
     python scripts/bench_llamacpp.py --llama-cpp "$(../shared/tools/build-llamacpp)" \
         --target ~/.cache/distill-real/qwen2.5-coder-1.5b-instruct.gguf \
@@ -8,6 +8,6 @@
         --ours eval-output/real/report.json --json llamacpp-report.json
 """
 
-from distill.commands.bench_llamacpp import main
+from distill.engines.llamacpp import main
 
 raise SystemExit(main())

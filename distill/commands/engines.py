@@ -12,7 +12,8 @@ source whose rule is reproduced, `command` how to serve the pair with it.
 - vLLM `method: draft_model` (SpeculativeConfig.verify_equal_vocab_size_if_draft_model): the draft's
   config vocab_size must equal the target's; a full model (no LoRA adapter), of an architecture in vLLM's
   registry. vLLM decodes draft ids with the target's tokenizer and does not compare them; checked here.
-  Its opt-in padding (vllm PR #42775) is still open: `distill publish --pad-vocab-to-target` pads instead.
+  vLLM 0.32.0 skips the check only under `use_heterogeneous_vocab` (a token intersection, greedy drafting only);
+  `distill publish --pad-vocab-to-target` makes the plain pair instead.
 - SGLang `--speculative-algorithm STANDALONE` (sglang PR #23838, standalone_worker.py): equal vocab_size
   and equal `tokenizer.get_vocab()` (TRL's DistillationTrainer raises on the same mismatch, trl PR #6457).
 - llama.cpp `-md` (common/speculative.cpp `common_speculative_are_compatible`, llama.cpp vendored in
@@ -37,7 +38,7 @@ from distill.common.vocab import tokenizer_fingerprint
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-VLLM_RULE = "vLLM main at 002e77c: vllm/config/speculative.py SpeculativeConfig.verify_equal_vocab_size_if_draft_model (padding opt-in, PR #42775, still open)"
+VLLM_RULE = "vLLM 0.32.0 (run here, its CPU build) and main at 002e77c: vllm/config/speculative.py SpeculativeConfig.verify_equal_vocab_size_if_draft_model (skipped only under use_heterogeneous_vocab, greedy drafting only)"
 SGLANG_RULE = "SGLang with PR #23838 (merged 2026-04): python/sglang/srt/speculative/standalone_worker.py, equal vocab_size and tokenizer.get_vocab()"
 LLAMACPP_RULE = "llama.cpp vendored in llama-cpp-python 0.3.36: common/speculative.cpp common_speculative_are_compatible"
 # Architectures of vLLM's model registry (vllm/model_executor/models/registry.py) this check knows.

@@ -47,6 +47,29 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The processor's feature flags (/proc/cpuinfo on Linux; empty elsewhere): which of avx2, avx512f,
+    avx512_bf16, amx_bf16 it has decides which dtype is fastest on it."""
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_record() -> dict[str, Any]:
+    """The processor and whether it multiplies bfloat16 natively (float32 is the faster format without it)."""
+    flags = cpu_flags()
+    native = sorted(f for f in ("avx512_bf16", "amx_bf16") if f in flags)
+    return {
+        "name": cpu_name(),
+        "flags": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags),
+        "bf16": "native bf16: " + ", ".join(native) if native else "no native bf16 (AVX2 only)" if "avx512f" not in flags else "no native bf16",
+    }
+
+
 def environment(device: Any = None, load: MachineLoad | None = None) -> dict[str, Any]:
     """The one record of where something ran, beside every run and report: Python and package
     versions, the platform, the device and its name, torch's threads and OMP_NUM_THREADS, and, given
@@ -62,6 +85,7 @@ def environment(device: Any = None, load: MachineLoad | None = None) -> dict[str
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cpu": cpu_record(),
     }
     if load is not None:
         record["machine_load"] = load.report()
@@ -103,8 +127,13 @@ class MachineLoad:
     `load.report()`: what else ran on the machine meanwhile."""
 
     def start(self) -> MachineLoad:
-        self.begin, self.end = _snapshot(), None
+        self.begin, self.end, self.credited = _snapshot(), None, 0.0
         return self
+
+    def credit(self, cpu_s: float) -> None:
+        """Count `cpu_s` CPU seconds of processes this job drives but does not wait for (a long-lived
+        engine the operating system would count as another process's) as this job's own."""
+        self.credited += cpu_s
 
     def stop(self) -> MachineLoad:
         self.end = _snapshot()
@@ -121,7 +150,7 @@ class MachineLoad:
         processes' CPU seconds and average cores, whether that counts as busy, and the warning."""
         end = self.end or _snapshot()
         wall = end[0] - self.begin[0]
-        own = end[2] - self.begin[2]
+        own = end[2] - self.begin[2] + self.credited
         others = None
         if self.begin[1] is not None and end[1] is not None:
             others = max(0.0, (end[1] - self.begin[1]) / os.sysconf("SC_CLK_TCK") - own)

@@ -415,3 +415,29 @@ def test_script_wrapper_publishes(env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith(str(out))
     assert AutoConfig.from_pretrained(out).vocab_size == AutoConfig.from_pretrained(env.target_dir).vocab_size
+
+
+def test_pad_vocab_copy_keeps_the_models_greedy_output(tmp_path, tiny_pair):
+    """`distill pad-vocab`: a target grown as Qwen2.5-7B is (more rows than its tokenizer's) decodes as the original,
+    and its new rows' logits stay below the largest real logit at every position."""
+    import torch
+
+    from distill.commands.pad_vocab import main as pad_main
+    from distill.common.models import load_model
+
+    src = tmp_path / "target"
+    tiny_pair.target.save_pretrained(src)
+    tiny_pair.tokenizer.save_pretrained(src)
+    rows = tiny_pair.target.config.vocab_size
+    assert pad_main([str(src), str(tmp_path / "padded"), "--vocab-size", str(rows + 24)]) == 0
+    padded = load_model(tmp_path / "padded", dtype="float32")
+    assert padded.config.vocab_size == rows + 24 and padded.get_output_embeddings().weight.shape[0] == rows + 24
+    ids = torch.tensor([tiny_pair.tokenizer("anna has 3 apples")["input_ids"]])
+    mine = tiny_pair.target.generate(ids, max_new_tokens=12, do_sample=False)
+    theirs = padded.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(mine, theirs)
+    with torch.no_grad():
+        logits = padded(theirs).logits[0]
+    assert (logits[:, rows:].max(-1).values < logits[:, : len(tiny_pair.tokenizer)].max(-1).values).all()
+    assert pad_main([str(src), str(tmp_path / "padded"), "--vocab-size", str(rows + 24)]) == 2  # exists: refused, kept
+    assert pad_main([str(src), str(tmp_path / "same"), "--vocab-size", str(rows)]) == 2 and not (tmp_path / "same").exists()

@@ -1,4 +1,4 @@
-"""scripts/bench_llamacpp.py: llama.cpp's own speculative decoding with this project's drafts as GGUFs.
+"""distill.engines.llamacpp (scripts/bench_llamacpp.py): llama.cpp's own speculative decoding with this project's drafts as GGUFs.
 
 For each GSM8K prompt of the evaluation's sample (eval/tasks/gsm8k.py, the first `--num-prompts` of its
 seeded draw: the prompts `distill accept` measured), greedy:
@@ -49,12 +49,13 @@ from distill.common.docs import table as table_block
 from distill.common.io import file_stamp, write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
+from distill.engines.inputs import DEFAULT_DATA, Prompt, gsm8k_prompts, parse_drafts, prompt_key
+from distill.engines.ours import ours_acceptance, ours_difference
 from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
 from distill.eval.journal import Journal, Run, busiest
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
-DEFAULT_DATA = "../shared/data/gsm8k/test.jsonl"
 Runner = Callable[[list[str]], str]  # runs one llama.cpp command, returns its stdout + stderr
 
 
@@ -178,29 +179,6 @@ def common_args(max_new_tokens: int, threads: int, ctx: int, extra: Sequence[str
     return ["-n", str(max_new_tokens), "--temp", "0", "--seed", "0", "-t", str(threads), "-c", str(ctx), *extra]
 
 
-def gsm8k_prompts(tokenizer: Any, data_file: str | os.PathLike, n: int, seed: int = 0) -> list[tuple[str, str, list[int]]]:
-    """(id, chat prompt text, ids) of the first `n` GSM8K prompts `distill accept` draws with `seed`, tokenized as it does."""
-    from distill.eval.tasks import gsm8k
-
-    out = []
-    for ex in gsm8k.load(data_file=data_file, num_samples=n, seed=seed):
-        text = tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False)
-        out.append((ex.id, text, list(tokenizer(text, add_special_tokens=False)["input_ids"])))
-    return out
-
-
-def parse_drafts(specs: Sequence[str]) -> dict[str, str]:
-    drafts = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--draft {spec!r}: expected NAME=PATH (a .gguf, a model folder or a training output)")
-        if name in drafts:
-            raise ValueError(f"--draft {name!r} given twice")
-        drafts[name] = os.path.expanduser(path)
-    return drafts
-
-
 def prepare_drafts(drafts: dict[str, str], outtypes: Sequence[str], work: Path) -> dict[str, dict[str, Any]]:
     """name -> {path of the GGUF, source, outtype}: a .gguf as is, anything else exported in each outtype (reused when present)."""
     ready = {}
@@ -217,34 +195,6 @@ def prepare_drafts(drafts: dict[str, str], outtypes: Sequence[str], work: Path) 
                 export_gguf(path, out, outtype)
             ready[f"{name}-{outtype}"] = {"gguf": str(out), "source": path, "outtype": outtype, "family": name}
     return ready
-
-
-def ours_acceptance(report: dict[str, Any] | None, family: str, k: int, n: int, max_new_tokens: int) -> dict[str, Any] | None:
-    """This project's decoder's GSM8K acceptance for the draft `family` in a `distill accept` report, with whether its settings match."""
-    if report is None:
-        return None
-    names = sorted((d for d in report.get("drafts", {}) if family == d or family.startswith(f"{d}-")), key=len)
-    if not names:
-        return None
-    tasks = report["drafts"][names[-1]].get("tasks", {})
-    row = tasks.get("gsm8k", tasks.get("gsm8k@default"))  # a report of several templates names the task's own prompt gsm8k@default
-    if row is None:
-        return None
-    settings = report.get("settings") or {}
-    theirs = {
-        "num_draft_tokens": settings.get("num_draft_tokens"),
-        "num_samples": (settings.get("num_samples") or {}).get("gsm8k") if isinstance(settings.get("num_samples"), dict) else settings.get("num_samples"),
-        "max_new_tokens": (settings.get("max_new_tokens_per_task") or {}).get("gsm8k", settings.get("max_new_tokens")),
-        "mode": settings.get("mode"),
-    }
-    wanted = {"num_draft_tokens": k, "num_samples": n, "max_new_tokens": max_new_tokens, "mode": "greedy"}
-    differ = {key: theirs[key] for key in wanted if theirs[key] is not None and theirs[key] != wanted[key]}
-    return {"draft": names[-1], "acceptance": row.get("acceptance_rate"), "settings_differ": differ or None}
-
-
-def prompt_key(pid: str, text: str) -> str:
-    """A prompt's journal key: its id and a hash of its text (another template is measured afresh)."""
-    return f"{pid}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def _measure(
@@ -274,7 +224,7 @@ def bench(
     tools: dict[str, Path],
     target: str,
     drafts: dict[str, dict[str, Any]],
-    prompts: Sequence[tuple[str, str, list[int]]],
+    prompts: Sequence[Prompt],
     *,
     k: int = 3,
     max_new_tokens: int = 256,
@@ -291,7 +241,7 @@ def bench(
     journalled is reused, not rerun: a stopped benchmark resumes, every prompt's speedup within one run."""
     base = common_args(max_new_tokens, threads, ctx, extra)
     target_runs, spec_runs = [], {name: [] for name in drafts}
-    for index, (pid, text, ids) in enumerate(prompts):
+    for index, (pid, text, ids, _) in enumerate(prompts):
         key = prompt_key(pid, text)
         done = journal.latest(key)
         reused = done is not None
@@ -362,14 +312,6 @@ def _speed_columns(runs: Sequence[dict[str, Any]], target_runs: Sequence[dict[st
     }
 
 
-def _ours_difference(ours: dict[str, Any] | None, draft: str | None, reference: str | None) -> dict[str, Any] | None:
-    """This project's paired acceptance difference `draft` − `reference` on GSM8K from a `distill accept` report, if it has one."""
-    for c in (ours or {}).get("comparisons") or []:
-        if c.get("task") in ("gsm8k", "gsm8k@default") and (c.get("draft"), c.get("reference")) == (draft, reference):
-            return c.get("acceptance_rate")
-    return None
-
-
 def _paired(d: dict[str, Any], ref: dict[str, Any], skip_first: bool = False) -> dict[str, Any]:
     """`d`'s acceptance minus `ref`'s over the same prompts, with its 95% interval and whether it excludes 0."""
     columns = {**_acceptance_columns(d["runs"], "1", skip_first), **_acceptance_columns(ref["runs"], "0", skip_first)}
@@ -388,7 +330,7 @@ def comparisons(report: dict[str, Any], reference: str, ours: dict[str, Any] | N
             continue
         whole = _paired(d, ref)
         later = _paired(d, ref, skip_first=True)
-        mine = _ours_difference(ours, (d.get("ours") or {}).get("draft"), (ref.get("ours") or {}).get("draft"))
+        mine = ours_difference(ours, (d.get("ours") or {}).get("draft"), (ref.get("ours") or {}).get("draft"))
         out.append(
             {
                 "draft": name,

@@ -1,4 +1,4 @@
-"""scripts/bench_llamacpp.py (distill.commands.bench_llamacpp) without llama.cpp: its parsing of the lines
+"""scripts/bench_llamacpp.py (distill.engines.llamacpp) without llama.cpp: its parsing of the lines
 llama.cpp's llama-speculative-simple and llama-completion print (captured from the build vendored in
 llama-cpp-python 0.3.36, running GGUFs `distill export-gguf` wrote), the prompt-id check, the pooled
 figures and the JSON report through a stand-in runner, and the message it skips with when llama.cpp is absent."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.commands.bench_llamacpp import (
+from distill.commands.render_docs import main as render_docs
+from distill.engines.llamacpp import (
     LlamaCppOutputError,
     find_tools,
     main,
@@ -23,7 +24,6 @@ from distill.commands.bench_llamacpp import (
     skip_message,
     speculative_args,
 )
-from distill.commands.render_docs import main as render_docs
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llamacpp.py"
 
@@ -174,7 +174,7 @@ def test_the_benchmark_pools_runs_checks_prompt_ids_and_writes_its_report(setup,
     d = report["drafts"]["draft-q8_0"]
     assert d["acceptance"] == pytest.approx(6 / 9) and (d["n_accept"], d["n_drafted"]) == (24, 36)
     assert report["target_only"]["tokens_per_s"] == pytest.approx(200) and d["tokens_per_s"] == pytest.approx(480) and d["speedup"] == pytest.approx(2.4)
-    assert d["ours"] == {"draft": "draft", "acceptance": 0.625, "settings_differ": None}
+    assert d["ours"] == {"draft": "draft", "acceptance": 0.625, "per_position": None, "interval": None, "settings_differ": None}
     spec = [c for c in calls if c[0].endswith("llama-speculative-simple")]
     assert len(spec) == 8 and all(c[c.index("-md") + 1].endswith(".gguf") for c in spec)
     assert all(" ".join(speculative_args(3)) in " ".join(c) and "--temp 0" in " ".join(c) and "--log-verbosity 5" in " ".join(c) for c in spec)
