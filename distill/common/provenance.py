@@ -66,7 +66,7 @@ def cpu_record() -> dict[str, Any]:
     return {
         "name": cpu_name(),
         "flags": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags),
-        "bf16": "native bf16: " + ", ".join(native) if native else "no native bf16 (AVX2 only)" if "avx512f" not in flags else "no native bf16",
+        "bf16": f"native bf16 ({', '.join(native)})" if native else "no native bf16",
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 DEFAULT_DATA = "../shared/data/gsm8k/test.jsonl"
@@ -48,3 +49,20 @@ def parse_drafts(specs: Sequence[str], what: str = "a .gguf, a model folder or a
             raise ValueError(f"--draft {name!r} given twice")
         drafts[name] = os.path.expanduser(path)
     return drafts
+
+
+def prompt_mismatch(prompt: Prompt, engine: str, ids: Sequence[int]) -> str | None:
+    """None when `engine` turned the prompt into this project's ids, else the one line that says where they part."""
+    ids = list(ids)
+    if ids == prompt.ids:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(ids, prompt.ids)) if a != b), min(len(ids), len(prompt.ids)))
+    return (
+        f"prompt {prompt.id}: {engine} gives {len(ids)} ids, this project {len(prompt.ids)}; first difference at position {first}: "
+        "the tokenizers disagree, so the two decoders would not see the same prompt"
+    )
+
+
+def journal_path(report: str | os.PathLike) -> Path:
+    """The journal beside a report: report.json -> report.records.jsonl."""
+    return Path(report).with_suffix(".records.jsonl")

@@ -49,10 +49,11 @@ from distill.common.docs import table as table_block
 from distill.common.io import file_stamp, write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, describe, versions, warn
-from distill.engines.inputs import DEFAULT_DATA, Prompt, gsm8k_prompts, parse_drafts, prompt_key
+from distill.engines.inputs import DEFAULT_DATA, Prompt, gsm8k_prompts, journal_path, parse_drafts, prompt_key, prompt_mismatch
 from distill.engines.ours import ours_acceptance, ours_difference
 from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
 from distill.eval.journal import Journal, Run, busiest
+from distill.eval.report import difference_text
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 BUILD_HINT = "build them with ../shared/tools/build-llamacpp (it prints the folder) and pass --llama-cpp FOLDER"
@@ -202,12 +203,8 @@ def _measure(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """One prompt, timed together: the target alone (its prompt ids checked equal to ours), then every draft."""
     alone = parse_completion(runner([str(tools["llama-completion"]), "-m", target, "-p", text, "-no-cnv", "--verbose-prompt", *base]))
-    if alone.prompt_ids != ids:
-        first = next((i for i, (a, b) in enumerate(zip(alone.prompt_ids, ids)) if a != b), min(len(alone.prompt_ids), len(ids)))
-        raise LlamaCppOutputError(
-            f"prompt {pid}: llama.cpp tokenizes it into {len(alone.prompt_ids)} ids, this project into {len(ids)}; first difference at "
-            f"position {first}: the tokenizers disagree, so the two decoders would not see the same prompt"
-        )
+    if (problem := prompt_mismatch(Prompt(pid, text, ids, []), "llama.cpp's tokenizer", alone.prompt_ids)) is not None:
+        raise LlamaCppOutputError(problem)
     runs = {}
     for name, draft in drafts.items():
         cmd = [str(tools["llama-speculative-simple"]), "-m", target, "-md", draft["gguf"], "-p", text, *speculative_args(k), *ROUND_LOG, *base]
@@ -368,11 +365,6 @@ def _after_cell(after: dict[str, Any]) -> str:
     return f"{format_interval(after['interval'], '.3f')} (round 1: {after['first_accept']}/{after['first_drafted']})"
 
 
-def _noted(interval: dict[str, Any]) -> str:
-    """A paired difference with its interval, starred when the interval excludes 0."""
-    return format_interval(interval, "+.3f") + ("*" if interval.get("outside_noise") else "")
-
-
 def rows(report: dict[str, Any]) -> list[list[Any]]:
     """The main table's rows: the target alone, then one per draft, with 95% intervals over prompts."""
     out = [["llama.cpp target alone", "–", "–", "–", "–", round(report["target_only"]["tokens_per_s"], 2), "1.00×", "–"]]
@@ -400,8 +392,8 @@ def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
     return [
         [
             f"{c['draft']} − {c['reference']}",
-            _noted(c["llama_cpp"]),
-            _noted(c["llama_cpp_after_first_round"]),
+            difference_text(c["llama_cpp"]),
+            difference_text(c["llama_cpp_after_first_round"]),
             format_interval(c["ours"], "+.3f"),
             _signed(c["llama_cpp_minus_ours"]),
             _signed(c["after_first_round_minus_ours"]),
@@ -433,11 +425,6 @@ def docs_blocks(report: dict[str, Any]) -> list[Block]:
     if report.get("comparisons"):
         blocks += ["Paired differences on the same prompts (* = the interval excludes 0):", table_block(COMPARISON_HEADER, comparison_rows(report))]
     return blocks
-
-
-def journal_path(report: str | os.PathLike) -> Path:
-    """The journal beside the report: llamacpp-report.json -> llamacpp-report.records.jsonl."""
-    return Path(report).with_suffix(".records.jsonl")
 
 
 def fingerprint(args: argparse.Namespace, drafts: dict[str, dict[str, Any]]) -> str:

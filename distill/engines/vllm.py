@@ -45,11 +45,12 @@ from distill.common.docs import table as table_block
 from distill.common.io import file_stamp, write_json
 from distill.common.models import ModelLoadError, load_tokenizer
 from distill.common.provenance import MachineLoad, cpu_record, describe, versions, warn
-from distill.engines.inputs import DEFAULT_DATA, Prompt, gsm8k_prompts, parse_drafts, prompt_key
+from distill.engines.inputs import DEFAULT_DATA, Prompt, gsm8k_prompts, journal_path, parse_drafts, prompt_key, prompt_mismatch
 from distill.engines.ours import ours_acceptance, ours_difference
 from distill.engines.vllm_env import default_venv, engine_env, python_of, ready
 from distill.eval.intervals import bootstrap, difference, format_interval, ratio, ratio_of_ratios
 from distill.eval.journal import Journal, Run, busiest
+from distill.eval.report import difference_text
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 REPLY = "@@distill-vllm "  # vllm_worker.REPLY: the worker's replies among vLLM's log lines
@@ -137,7 +138,7 @@ Launcher = Callable[[dict[str, Any]], Engine]  # an engine configuration -> the 
 class WorkerEngine:
     """vLLM in its own environment: `vllm_worker.py` started by that environment's Python, spoken to in JSON lines."""
 
-    def __init__(self, venv: Path, config: dict[str, Any], threads: int, log: Path | None = None):
+    def __init__(self, venv: Path, config: dict[str, Any], threads: int, load: MachineLoad, log: Path | None = None):
         self.log = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
             [str(python_of(venv)), str(WORKER), json.dumps(config)],
@@ -147,7 +148,7 @@ class WorkerEngine:
             text=True,
             env=engine_env(venv, threads),
         )
-        self.cpu_s = 0.0
+        self.load, self.cpu_s = load, 0.0
         first = self._read()
         if "error" in first:
             self.close()
@@ -159,6 +160,8 @@ class WorkerEngine:
         for line in self.proc.stdout:
             if line.startswith(REPLY):
                 reply = json.loads(line[len(REPLY) :])
+                # the worker's CPU seconds so far count as this benchmark's own: not reaped yet, the system counts them as others'
+                self.load.credit(reply.get("cpu_s", self.cpu_s) - self.cpu_s)
                 self.cpu_s = reply.get("cpu_s", self.cpu_s)
                 return reply
         raise EngineError(f"vLLM's worker exited ({self.proc.wait()}) without a reply; its log says why")
@@ -182,47 +185,15 @@ class WorkerEngine:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        self.load.credit(-self.cpu_s)  # reaped: its time is now the benchmark's children's
+        self.cpu_s = 0.0
         if self.log is not subprocess.DEVNULL:
             self.log.close()
 
 
 def worker_launcher(venv: Path, threads: int, log: Path | None, load: MachineLoad) -> Launcher:
-    """Start engines as vLLM worker processes; their CPU time counts as this benchmark's own in `load`
-    (they are not waited for until the end, so the operating system would count them as others')."""
-
-    def launch(config: dict[str, Any]) -> Engine:
-        engine = WorkerEngine(venv, config, threads, log)
-        return _Credited(engine, load)
-
-    return launch
-
-
-@dataclass
-class _Credited:
-    """An engine whose worker's CPU seconds are credited to the benchmark's machine-load record as it reports them."""
-
-    engine: WorkerEngine
-    load: MachineLoad
-    credited: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.info = self.engine.info
-        self._credit()
-
-    def _credit(self) -> None:
-        self.load.credit(self.engine.cpu_s - self.credited)
-        self.credited = self.engine.cpu_s
-
-    def generate(self, prompts: Sequence[Sequence[dict[str, str]]], sampling: dict[str, Any], concurrency: int) -> dict[str, Any]:
-        try:
-            return self.engine.generate(prompts, sampling, concurrency)
-        finally:
-            self._credit()
-
-    def close(self) -> None:
-        """Once reaped, the worker's time is the benchmark's children's: its credit is taken back."""
-        self.engine.close()
-        self.load.credit(-self.credited)
+    """Start engines as vLLM worker processes, their CPU time counted as this benchmark's own in `load`."""
+    return lambda config: WorkerEngine(venv, config, threads, load, log)
 
 
 @dataclass
@@ -350,13 +321,8 @@ def two_engines_fit(settings: Settings, systems: Sequence[System]) -> bool:
 def _one(reply: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
     """The single request of a reply, its prompt ids checked equal to this project's."""
     [result] = reply["results"]
-    if result["prompt_ids"] != prompt.ids:
-        ids = result["prompt_ids"]
-        first = next((i for i, (a, b) in enumerate(zip(ids, prompt.ids)) if a != b), min(len(ids), len(prompt.ids)))
-        raise EngineError(
-            f"prompt {prompt.id}: vLLM's tokenizer and chat template give {len(ids)} ids, this project's {len(prompt.ids)}; first difference at "
-            f"position {first}: the two decoders would not see the same prompt"
-        )
+    if (problem := prompt_mismatch(prompt, "vLLM's tokenizer and chat template", result["prompt_ids"])) is not None:
+        raise EngineError(problem)
     return {key: v for key, v in result.items() if key != "prompt_ids"} | {"prompt_tokens": len(result["prompt_ids"])}
 
 
@@ -534,8 +500,8 @@ def concurrency_row(reply: dict[str, Any], prompts: Sequence[Prompt], k: int) ->
     vLLM's per-request counts (the counters are shared by the requests in flight), tokens per round."""
     results = reply["results"]
     for r, p in zip(results, prompts):
-        if r["prompt_ids"] != p.ids:
-            raise EngineError(f"prompt {p.id}: vLLM's prompt ids differ from this project's")
+        if (problem := prompt_mismatch(p, "vLLM's tokenizer and chat template", r["prompt_ids"])) is not None:
+            raise EngineError(problem)
     tokens = [_tokens(r) for r in results]
     counts = [request_counts(r, k) for r in results]
     drafted, accepted, rounds = sum(c.drafted for c in counts), sum(c.accepted for c in counts), sum(c.drafts for c in counts)
@@ -661,11 +627,10 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
 
 
 def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
-    noted = lambda iv: format_interval(iv, "+.3f") + ("*" if iv.get("outside_noise") else "")  # noqa: E731
     return [
         [
             f"{c['draft']} − {c['reference']}",
-            noted(c["vllm"]),
+            difference_text(c["vllm"]),
             _cell(c["ours"], "+.3f"),
             "–" if c["vllm_minus_ours"] is None else f"{c['vllm_minus_ours']:+.3f}",
         ]
@@ -807,10 +772,6 @@ def fingerprint(args: argparse.Namespace, systems: Sequence[System], vllm_versio
         },
     }
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def journal_path(report: str | os.PathLike) -> Path:
-    return Path(report).with_suffix(".records.jsonl")
 
 
 def parser() -> argparse.ArgumentParser:
